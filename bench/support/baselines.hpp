@@ -1,0 +1,116 @@
+// SPDX-License-Identifier: MIT
+// In-run baselines every bench binary can register beside its own numbers, so
+// results read as ratios measured in the same run: memcpy of N bytes, an
+// in-place streaming read-modify-write of N bytes, an Eigen GEMM of a given
+// shape, and a register-only FMA loop (the peak GFLOP/s of one core).
+#pragma once
+
+#include <benchmark/benchmark.h>
+
+#include <Eigen/Core>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <posenc/core/aligned_buffer.hpp>
+#include <posenc/core/simd.hpp>
+
+namespace posenc_bench {
+
+/// memcpy of `bytes` bytes (read `bytes`, write `bytes`).
+inline void memcpy_baseline(benchmark::State& state, std::int64_t bytes) {
+  posenc::aligned_buffer<char> src(bytes), dst(bytes);
+  std::memset(src.data(), 1, static_cast<std::size_t>(bytes));
+  for (auto _ : state) {
+    std::memcpy(dst.data(), src.data(), static_cast<std::size_t>(bytes));
+    benchmark::DoNotOptimize(dst.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(state.iterations() * 2 * bytes);
+}
+
+/// In-place streaming read-modify-write of `bytes` bytes of float (x = x * a + b),
+/// plus `extra_read_bytes` read from a second buffer and added (e.g. a table).
+inline void stream_rmw_baseline(benchmark::State& state, std::int64_t bytes, std::int64_t extra_read_bytes = 0) {
+  std::int64_t const n = bytes / 4, m = extra_read_bytes / 4;
+  posenc::aligned_buffer<float> x(n), t(m > 0 ? m : 1);
+  for (std::int64_t i = 0; i < n; ++i) x[i] = 1.0f;
+  for (auto _ : state) {
+    float* __restrict xp = x.data();
+    float const* __restrict tp = t.data();
+    if (m > 0) {
+      for (std::int64_t i = 0; i < n; ++i) xp[i] = xp[i] * 0.999f + tp[i % m];
+    } else {
+      for (std::int64_t i = 0; i < n; ++i) xp[i] = xp[i] * 0.999f + 0.001f;
+    }
+    benchmark::DoNotOptimize(x.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(state.iterations() * (2 * bytes + extra_read_bytes));
+}
+
+/// Eigen GEMM C(m x n) = A(m x k) * B(k x n), float; counts 2*m*n*k flops.
+inline void gemm_baseline(benchmark::State& state, std::int64_t m, std::int64_t n, std::int64_t k) {
+  using M = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  M a = M::Random(m, k), b = M::Random(k, n), c(m, n);
+  for (auto _ : state) {
+    c.noalias() = a * b;
+    benchmark::DoNotOptimize(c.data());
+    benchmark::ClobberMemory();
+  }
+  state.counters["GFLOP/s"] = benchmark::Counter(static_cast<double>(2 * m * n * k) * 1e-9 *
+                                                     static_cast<double>(state.iterations()),
+                                                 benchmark::Counter::kIsRate);
+}
+
+/// Register-only FMA loop: 8 independent accumulators per lane group, the
+/// peak floating-point rate of one core for float.
+inline void fma_peak_baseline(benchmark::State& state) {
+  using B = posenc::simd::batch<float>;
+  constexpr int chains = 12;  // enough independent chains to cover 2 FMA ports x 4-cycle latency
+  std::int64_t const iters = 1 << 16;
+  for (auto _ : state) {
+    B acc[chains];
+    for (int c = 0; c < chains; ++c) acc[c] = B(1.0f + 0.001f * static_cast<float>(c));
+    B const a(0.9999f), b(0.0001f);
+    for (std::int64_t i = 0; i < iters; ++i)
+      for (int c = 0; c < chains; ++c) acc[c] = posenc::simd::fma(acc[c], a, b);
+    B s = acc[0];
+    for (int c = 1; c < chains; ++c) s = s + acc[c];
+    float r = posenc::simd::reduce_add(s);
+    benchmark::DoNotOptimize(r);
+  }
+  double const flops = 2.0 * chains * static_cast<double>(B::size) * static_cast<double>(iters);
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(flops * 1e-9 * static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
+}
+
+/// Registers the baselines by name: "baseline/memcpy/<bytes>", ...
+inline void register_memcpy(std::string const& label, std::int64_t bytes) {
+  benchmark::RegisterBenchmark(("baseline/memcpy/" + label).c_str(),
+                               [bytes](benchmark::State& s) { memcpy_baseline(s, bytes); })
+      ->Unit(benchmark::kMicrosecond)
+      ->UseRealTime();
+}
+inline void register_stream(std::string const& label, std::int64_t bytes, std::int64_t extra_read_bytes = 0) {
+  benchmark::RegisterBenchmark(("baseline/stream_rmw/" + label).c_str(),
+                               [bytes, extra_read_bytes](benchmark::State& s) {
+                                 stream_rmw_baseline(s, bytes, extra_read_bytes);
+                               })
+      ->Unit(benchmark::kMicrosecond)
+      ->UseRealTime();
+}
+inline void register_gemm(std::string const& label, std::int64_t m, std::int64_t n, std::int64_t k) {
+  benchmark::RegisterBenchmark(("baseline/gemm/" + label).c_str(),
+                               [m, n, k](benchmark::State& s) { gemm_baseline(s, m, n, k); })
+      ->Unit(benchmark::kMicrosecond)
+      ->UseRealTime();
+}
+inline void register_fma_peak() {
+  benchmark::RegisterBenchmark("baseline/fma_peak", [](benchmark::State& s) { fma_peak_baseline(s); })
+      ->Unit(benchmark::kMicrosecond)
+      ->UseRealTime();
+}
+
+}  // namespace posenc_bench

@@ -1,0 +1,17 @@
+# SPDX-License-Identifier: MIT
+# posenc_project_target(tgt): warnings as errors and -march=native, on our own targets only.
+option(POSENC_NATIVE "Compile tests, benches and examples with -march=native" ON)
+
+function(posenc_project_target tgt)
+  target_link_libraries(${tgt} PRIVATE posenc::posenc)
+  if(CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
+    target_compile_options(${tgt} PRIVATE -Wall -Wextra -Werror)
+    if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND CMAKE_CXX_COMPILER_VERSION VERSION_LESS 12.3)
+      # GCC bug 105593: false positives inside GCC's own AVX-512 intrinsics headers.
+      target_compile_options(${tgt} PRIVATE -Wno-uninitialized -Wno-maybe-uninitialized)
+    endif()
+    if(POSENC_NATIVE)
+      target_compile_options(${tgt} PRIVATE -march=native)
+    endif()
+  endif()
+endfunction()

@@ -1,0 +1,90 @@
+// SPDX-License-Identifier: MIT
+// attention_options<T>, path tags and mask views: what every attention path accepts.
+#pragma once
+
+#include <optional>
+
+#include "posenc/core/positions.hpp"
+#include "posenc/core/span.hpp"
+
+namespace posenc {
+
+/// Path tags: the scalar double-accumulating oracle, the Eigen path that
+/// materializes the scores, and the tiled online-softmax SIMD path.
+namespace path {
+struct reference {};
+struct materialized {};
+struct fused {};
+/// Picks the fused path, or the materialized one when the options need
+/// something the fused path does not provide (the scores output).
+struct best {};
+}  // namespace path
+
+/// Stage at which `attention_options::scores` is captured.
+enum class score_stage {
+  raw,            ///< scale * q.k (plus Shaw's q.aK term)
+  softcapped,     ///< after the logit softcap
+  biased,         ///< after softcap, encoder bias and masks (may hold -inf)
+  probabilities,  ///< after the softmax (rows with no visible key are zeros)
+};
+
+/// A mask over (batch, head, q, k), broadcast along any dim given size 1
+/// (stride ignored there). The key dim is contiguous. A key extent shorter
+/// than the number of keys masks the keys past it (ONNX opset 24).
+/// `T` is the float type (additive: 0 keeps, -inf drops) or `bool` (true = attend).
+template <class T>
+struct mask_view {
+  T const* data = nullptr;
+  index_t batch = 0, heads = 0, q = 0, k = 0;
+  index_t batch_stride = 0, head_stride = 0, q_stride = 0;
+
+  bool empty() const noexcept { return data == nullptr; }
+  /// Pointer to the key row of (b, h, i); broadcast dims read index 0.
+  T const* row(index_t b, index_t h, index_t i) const noexcept {
+    return data + (batch == 1 ? 0 : b) * batch_stride + (heads == 1 ? 0 : h) * head_stride +
+           (q == 1 ? 0 : i) * q_stride;
+  }
+};
+
+/// Mask view over a contiguous (batch, heads, q, k) buffer; any of batch,
+/// heads, q may be 1 to broadcast.
+template <class T>
+mask_view<T> make_mask(T const* data, index_t batch, index_t heads, index_t q, index_t k) noexcept {
+  return {data, batch, heads, q, k, heads * q * k, q * k, k};
+}
+
+/// Options of posenc::attention. Defaults give plain softmax(q k^T / sqrt(d)) v.
+template <class T>
+struct attention_options {
+  /// Multiplies q.k; default 1/sqrt(head_dim of q). T5 uses 1.
+  std::optional<double> scale;
+  /// Key at position p_j is visible to query at p_i only if p_j <= p_i.
+  bool causal = false;
+  /// If > 0: keys with p_i - W < p_j <= p_i (W keys including the query). Implies causal.
+  index_t sliding_window = 0;
+  /// Query positions. Default: Sk - Sq + i (bottom-right, the KV-cache
+  /// convention). An offset, per-batch offsets or explicit ids; may be
+  /// negative (under causal such rows see no key and give zeros).
+  std::optional<position_span> q_positions;
+  /// Key positions. Default: j.
+  std::optional<position_span> k_positions;
+  /// Per batch entry: keys j >= key_lengths[b] are padding.
+  span<const index_t> key_lengths;
+  /// Additive mask (0 keeps, -inf drops), broadcastable.
+  mask_view<T> mask;
+  /// Boolean mask (true = attend), broadcastable.
+  mask_view<bool> bool_mask;
+  /// If > 0: s = softcap * tanh(s / softcap), before bias and masks.
+  double softcap = 0;
+  /// The keys are already rotated by the encoder (a cache of rotated keys).
+  bool keys_rotated = false;
+  /// Optional log-sum-exp output, contiguous (batch, head, Sq); -inf for rows with no visible key.
+  T* lse = nullptr;
+  /// Optional scores output, contiguous (batch, head, Sq, Sk), at `scores_stage`.
+  T* scores = nullptr;
+  score_stage scores_stage = score_stage::probabilities;
+  /// Thread count; 0 = default (OpenMP's), 1 = serial.
+  int threads = 0;
+};
+
+}  // namespace posenc

@@ -1,0 +1,60 @@
+// SPDX-License-Identifier: MIT
+// aligned_buffer<T>: an owning, 64-byte aligned, fixed-size array for scratch and tables.
+#pragma once
+
+#include <cstddef>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <utility>
+
+#include "posenc/core/span.hpp"
+
+namespace posenc {
+
+/// Owning array of trivially copyable T aligned to 64 bytes (a cache line and
+/// an AVX-512 register). Zero-initialised.
+template <class T>
+class aligned_buffer {
+ public:
+  static constexpr std::size_t alignment = 64;
+
+  aligned_buffer() noexcept = default;
+  explicit aligned_buffer(index_t n) : size_(n) {
+    if (n > 0) {
+      std::size_t bytes = (static_cast<std::size_t>(n) * sizeof(T) + alignment - 1) / alignment * alignment;
+      data_ = static_cast<T*>(::operator new(bytes, std::align_val_t(alignment)));
+      std::memset(static_cast<void*>(data_), 0, bytes);
+    }
+  }
+  aligned_buffer(aligned_buffer const& o) : aligned_buffer(o.size_) {
+    if (size_ > 0) std::memcpy(static_cast<void*>(data_), o.data_, static_cast<std::size_t>(size_) * sizeof(T));
+  }
+  aligned_buffer(aligned_buffer&& o) noexcept
+      : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+  aligned_buffer& operator=(aligned_buffer o) noexcept {
+    std::swap(data_, o.data_);
+    std::swap(size_, o.size_);
+    return *this;
+  }
+  ~aligned_buffer() {
+    if (data_) ::operator delete(static_cast<void*>(data_), std::align_val_t(alignment));
+  }
+
+  T* data() noexcept { return data_; }
+  T const* data() const noexcept { return data_; }
+  index_t size() const noexcept { return size_; }
+  bool empty() const noexcept { return size_ == 0; }
+  T& operator[](index_t i) noexcept { return data_[i]; }
+  T const& operator[](index_t i) const noexcept { return data_[i]; }
+  T* begin() noexcept { return data_; }
+  T* end() noexcept { return data_ + size_; }
+  T const* begin() const noexcept { return data_; }
+  T const* end() const noexcept { return data_ + size_; }
+
+ private:
+  T* data_ = nullptr;
+  index_t size_ = 0;
+};
+
+}  // namespace posenc

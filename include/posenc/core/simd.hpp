@@ -1,0 +1,135 @@
+// SPDX-License-Identifier: MIT
+// The one place that knows the xsimd version: batches, loads, reductions, exp, pair swaps.
+//
+// Tested with Debian's xsimd 8.1. The branches for newer xsimd are the
+// documented API changes: hadd -> reduce_add (10+, hadd removed in 14),
+// batch_constant<batch<U, A>, V...> -> batch_constant<U, A, V...> (13+).
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+#include <utility>
+
+#include <xsimd/xsimd.hpp>
+
+#include "posenc/core/span.hpp"
+
+namespace posenc::simd {
+
+/// The instruction set picked at compile time (by -m flags).
+using default_arch = xsimd::default_arch;
+
+template <class T, class Arch = default_arch>
+using batch = xsimd::batch<T, Arch>;
+
+/// Number of lanes of batch<T, Arch>.
+template <class T, class Arch = default_arch>
+inline constexpr index_t width = static_cast<index_t>(batch<T, Arch>::size);
+
+/// Name of the instruction set in use ("avx512f", "fma3+avx2", "sse2", ...).
+inline constexpr char const* arch_name() noexcept { return default_arch::name(); }
+
+template <class T, class Arch = default_arch>
+inline batch<T, Arch> load(T const* p) noexcept {
+  return batch<T, Arch>::load_unaligned(p);
+}
+
+template <class T, class Arch>
+inline void store(T* p, batch<T, Arch> const& b) noexcept {
+  b.store_unaligned(p);
+}
+
+template <class T, class Arch = default_arch>
+inline batch<T, Arch> broadcast(T x) noexcept {
+  return batch<T, Arch>(x);
+}
+
+/// Loads n < width lanes, the rest zero.
+template <class T, class Arch = default_arch>
+inline batch<T, Arch> load_partial(T const* p, index_t n) noexcept {
+  alignas(Arch::alignment()) T buf[batch<T, Arch>::size] = {};
+  for (index_t i = 0; i < n; ++i) buf[i] = p[i];
+  return batch<T, Arch>::load_aligned(buf);
+}
+
+/// Stores the first n < width lanes.
+template <class T, class Arch>
+inline void store_partial(T* p, batch<T, Arch> const& b, index_t n) noexcept {
+  alignas(Arch::alignment()) T buf[batch<T, Arch>::size];
+  b.store_aligned(buf);
+  for (index_t i = 0; i < n; ++i) p[i] = buf[i];
+}
+
+/// a * b + c, fused where the instruction set has FMA.
+template <class T, class Arch>
+inline batch<T, Arch> fma(batch<T, Arch> const& a, batch<T, Arch> const& b,
+                          batch<T, Arch> const& c) noexcept {
+  return xsimd::fma(a, b, c);
+}
+
+template <class T, class Arch>
+inline batch<T, Arch> exp(batch<T, Arch> const& x) noexcept {
+  return xsimd::exp(x);
+}
+
+template <class T, class Arch>
+inline batch<T, Arch> max(batch<T, Arch> const& a, batch<T, Arch> const& b) noexcept {
+  return xsimd::max(a, b);
+}
+
+/// Sum of the lanes.
+template <class T, class Arch>
+inline T reduce_add(batch<T, Arch> const& b) noexcept {
+#if XSIMD_VERSION_MAJOR >= 10
+  return xsimd::reduce_add(b);
+#else
+  return xsimd::hadd(b);
+#endif
+}
+
+/// Largest lane.
+template <class T, class Arch>
+inline T reduce_max(batch<T, Arch> const& b) noexcept {
+#if XSIMD_VERSION_MAJOR >= 10
+  return xsimd::reduce_max(b);
+#else
+  alignas(Arch::alignment()) T buf[batch<T, Arch>::size];
+  b.store_aligned(buf);
+  T m = buf[0];
+  for (std::size_t i = 1; i < batch<T, Arch>::size; ++i) m = std::max(m, buf[i]);
+  return m;
+#endif
+}
+
+namespace detail {
+template <class T>
+using index_of = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
+
+template <class T, class Arch, std::size_t... I>
+inline batch<T, Arch> swap_pairs_impl(batch<T, Arch> const& b, std::index_sequence<I...>) noexcept {
+  using U = index_of<T>;
+#if XSIMD_VERSION_MAJOR >= 13
+  return xsimd::swizzle(b, xsimd::batch_constant<U, Arch, static_cast<U>(I ^ 1u)...>());
+#else
+  return xsimd::swizzle(b, xsimd::batch_constant<xsimd::batch<U, Arch>, static_cast<U>(I ^ 1u)...>());
+#endif
+}
+}  // namespace detail
+
+/// [x0, x1, x2, x3, ...] -> [x1, x0, x3, x2, ...] (the pair swap of interleaved RoPE).
+template <class T, class Arch>
+inline batch<T, Arch> swap_pairs(batch<T, Arch> const& b) noexcept {
+  return detail::swap_pairs_impl(b, std::make_index_sequence<batch<T, Arch>::size>());
+}
+
+/// [-1, +1, -1, +1, ...]: multiplies a swapped pair into (-x1, x0, -x3, x2, ...).
+template <class T, class Arch = default_arch>
+inline batch<T, Arch> alternating_sign() noexcept {
+  alignas(Arch::alignment()) T buf[batch<T, Arch>::size];
+  for (std::size_t i = 0; i < batch<T, Arch>::size; ++i) buf[i] = (i % 2 == 0) ? T(-1) : T(1);
+  return batch<T, Arch>::load_aligned(buf);
+}
+
+}  // namespace posenc::simd

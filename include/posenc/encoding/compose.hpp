@@ -1,0 +1,130 @@
+// SPDX-License-Identifier: MIT
+// compose<E...>: several encoders acting together (learned + T5 bias, RoPE + ALiBi, ...).
+#pragma once
+
+#include <algorithm>
+#include <tuple>
+#include <utility>
+
+#include "posenc/encoding/traits.hpp"
+
+namespace posenc {
+
+/// Encoders E... applied together. Where it acts is the OR of the parts,
+/// `is_relative` the AND; `max_positions()` the smallest non-zero of the parts.
+/// Each hook forwards to every part that has it, in order: embeddings get
+/// every additive encoding, rotations apply one after the other, biases and
+/// Shaw terms add up.
+template <class... E>
+class compose {
+  static_assert(sizeof...(E) >= 1, "posenc::compose: give at least one encoder");
+
+ public:
+  explicit compose(E... parts) : parts_(std::move(parts)...) {}
+
+  std::tuple<E...> const& parts() const noexcept { return parts_; }
+  template <std::size_t I>
+  auto const& get() const noexcept { return std::get<I>(parts_); }
+
+  index_t max_positions() const noexcept {
+    index_t m = 0;
+    std::apply([&](auto const&... p) { ((m = pick(m, p.max_positions())), ...); }, parts_);
+    return m;
+  }
+
+  template <class T>
+  void add_to(token_view<T> x, position_span pos) const {
+    for_each([&](auto const& p) {
+      if constexpr (adds_to_embeddings_v<std::decay_t<decltype(p)>>) p.add_to(x, pos);
+    });
+  }
+
+  template <class T>
+  void rotate(view<T> x, position_span pos, index_t length) const {
+    for_each([&](auto const& p) {
+      if constexpr (rotates_queries_keys_v<std::decay_t<decltype(p)>>) p.rotate(x, pos, length);
+    });
+  }
+
+  template <class T>
+  void bias_row(index_t head, index_t q_pos, index_t k_pos_first, index_t count, T* out) const noexcept {
+    for_each([&](auto const& p) {
+      if constexpr (biases_scores_v<std::decay_t<decltype(p)>>) p.bias_row(head, q_pos, k_pos_first, count, out);
+    });
+  }
+
+  /// Head count the biasing parts were built for (0 = any); they must agree.
+  index_t heads() const noexcept {
+    index_t h = 0;
+    for_each([&](auto const& p) {
+      if constexpr (biases_scores_v<std::decay_t<decltype(p)>>) {
+        if (h == 0) h = p.heads();
+      }
+    });
+    return h;
+  }
+
+  template <class T>
+  void score_row(T const* q, index_t q_pos, index_t k_pos_first, index_t count, T scale,
+                 T* out) const noexcept {
+    for_each([&](auto const& p) {
+      if constexpr (relative_key_value_v<std::decay_t<decltype(p)>>)
+        p.score_row(q, q_pos, k_pos_first, count, scale, out);
+    });
+  }
+
+  template <class T>
+  void value_row(T const* prob, index_t q_pos, index_t k_pos_first, index_t count, T* out) const noexcept {
+    for_each([&](auto const& p) {
+      if constexpr (relative_key_value_v<std::decay_t<decltype(p)>>) {
+        if (p.has_values()) p.value_row(prob, q_pos, k_pos_first, count, out);
+      }
+    });
+  }
+
+  bool has_values() const noexcept {
+    bool any = false;
+    for_each([&](auto const& p) {
+      if constexpr (relative_key_value_v<std::decay_t<decltype(p)>>) any = any || p.has_values();
+    });
+    return any;
+  }
+
+  /// head_dim of the first relative_key_value part (0 when none).
+  index_t head_dim() const noexcept {
+    index_t d = 0;
+    for_each([&](auto const& p) {
+      if constexpr (relative_key_value_v<std::decay_t<decltype(p)>>) {
+        if (d == 0) d = p.head_dim();
+      }
+    });
+    return d;
+  }
+
+ private:
+  static index_t pick(index_t a, index_t b) noexcept {
+    if (a == 0) return b;
+    if (b == 0) return a;
+    return std::min(a, b);
+  }
+  template <class F>
+  void for_each(F&& f) const {
+    std::apply([&](auto const&... p) { (f(p), ...); }, parts_);
+  }
+
+  std::tuple<E...> parts_;
+};
+
+template <class... E>
+compose(E...) -> compose<E...>;
+
+template <class... E>
+struct encoder_traits<compose<E...>> {
+  static constexpr bool adds_to_embeddings = (adds_to_embeddings_v<E> || ...);
+  static constexpr bool rotates_queries_keys = (rotates_queries_keys_v<E> || ...);
+  static constexpr bool biases_scores = (biases_scores_v<E> || ...);
+  static constexpr bool relative_key_value = (relative_key_value_v<E> || ...);
+  static constexpr bool is_relative = (is_relative_v<E> && ...);
+};
+
+}  // namespace posenc

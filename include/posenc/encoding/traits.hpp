@@ -1,0 +1,79 @@
+// SPDX-License-Identifier: MIT
+// encoder_traits<E>: the one extension point, saying at compile time where an encoder acts.
+#pragma once
+
+#include <type_traits>
+
+#include "posenc/core/error.hpp"
+#include "posenc/core/positions.hpp"
+#include "posenc/core/span.hpp"
+#include "posenc/core/view.hpp"
+
+namespace posenc {
+
+/// Where encoder E acts. Specialize it for every encoder with exactly these
+/// five `static constexpr bool` members:
+///
+/// | member                 | the encoder provides (T = its element type)                        |
+/// |------------------------|---------------------------------------------------------------------|
+/// | adds_to_embeddings     | `void add_to(token_view<T> x, position_span pos) const`             |
+/// | rotates_queries_keys   | `void rotate(view<T> x, position_span pos, index_t length) const`  |
+/// |                        |   (in place; `length` = current sequence length, used by dynamic    |
+/// |                        |   scalings; the kernels pass the largest key position + 1)          |
+/// | biases_scores          | `void bias_row(index_t head, index_t q_pos, index_t k_pos_first,   |
+/// |                        |   index_t count, T* out) const noexcept` (adds into out[0..count))  |
+/// |                        |   and `index_t heads() const noexcept` (0 = any head count)         |
+/// | relative_key_value     | `void score_row(T const* q, index_t q_pos, index_t k_pos_first,    |
+/// |                        |   index_t count, T scale, T* out) const noexcept` (adds             |
+/// |                        |   scale * q . aK(k_pos - q_pos)), `void value_row(T const* p,       |
+/// |                        |   index_t q_pos, index_t k_pos_first, index_t count, T* out) const  |
+/// |                        |   noexcept` (adds sum_j p[j] aV(k_pos_j - q_pos)), `bool            |
+/// |                        |   has_values() const`, `index_t head_dim() const`                   |
+/// | is_relative            | scores depend on positions only through p_i - p_j                  |
+///
+/// Every encoder also has `index_t max_positions() const noexcept`: 0 when any
+/// position works, else the largest usable position + 1.
+template <class E>
+struct encoder_traits;
+
+namespace detail {
+
+template <class E, class = void>
+struct has_encoder_traits : std::false_type {};
+template <class E>
+struct has_encoder_traits<E, std::void_t<decltype(sizeof(encoder_traits<E>))>> : std::true_type {};
+
+/// Stand-in used after the static_assert so that one error is reported, not a cascade.
+struct no_traits {
+  static constexpr bool adds_to_embeddings = false, rotates_queries_keys = false;
+  static constexpr bool biases_scores = false, relative_key_value = false, is_relative = false;
+};
+
+}  // namespace detail
+
+/// True when encoder_traits<E> is specialized.
+template <class E>
+inline constexpr bool has_encoder_traits_v = detail::has_encoder_traits<std::remove_cv_t<E>>::value;
+
+/// encoder_traits<E>, or a compile error that says what to do.
+template <class E>
+struct checked_encoder_traits
+    : std::conditional_t<has_encoder_traits_v<E>, encoder_traits<std::remove_cv_t<E>>, detail::no_traits> {
+  static_assert(has_encoder_traits_v<E>,
+                "posenc::encoder_traits: E is not an encoder; specialize posenc::encoder_traits<E> with "
+                "adds_to_embeddings, rotates_queries_keys, biases_scores, relative_key_value and "
+                "is_relative (see posenc/encoding/traits.hpp)");
+};
+
+template <class E>
+inline constexpr bool adds_to_embeddings_v = checked_encoder_traits<E>::adds_to_embeddings;
+template <class E>
+inline constexpr bool rotates_queries_keys_v = checked_encoder_traits<E>::rotates_queries_keys;
+template <class E>
+inline constexpr bool biases_scores_v = checked_encoder_traits<E>::biases_scores;
+template <class E>
+inline constexpr bool relative_key_value_v = checked_encoder_traits<E>::relative_key_value;
+template <class E>
+inline constexpr bool is_relative_v = checked_encoder_traits<E>::is_relative;
+
+}  // namespace posenc

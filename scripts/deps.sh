@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Installs the Debian packages posenc's build, tests, benches and examples use (when missing).
+set -euo pipefail
+pkgs=(cmake g++ make libeigen3-dev libxsimd-dev catch2 libbenchmark-dev libstb-dev)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing: ${missing[*]}"
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y "${missing[@]}"
+fi

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Quick start 2: install what is missing, then build and run the whole suite
+# twice: Release, and Debug with AddressSanitizer + UndefinedBehaviorSanitizer.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/deps.sh
+jobs=$(nproc)
+
+echo "== Release"
+cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release -DPOSENC_BUILD_TESTS=ON -DPOSENC_BUILD_BENCH=ON \
+  -DPOSENC_BUILD_EXAMPLES=ON >/dev/null
+cmake --build build/release -j "$jobs"
+(cd build/release && ctest --output-on-failure -j "$jobs")
+
+echo "== Debug + ASan + UBSan"
+san="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
+cmake -S . -B build/asan -DCMAKE_BUILD_TYPE=Debug -DPOSENC_BUILD_TESTS=ON -DPOSENC_BUILD_BENCH=OFF \
+  -DPOSENC_BUILD_EXAMPLES=ON -DPOSENC_PACKAGING_TESTS=OFF \
+  -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" -DCMAKE_CXX_FLAGS="$san" -DCMAKE_EXE_LINKER_FLAGS="$san" >/dev/null
+cmake --build build/asan -j "$jobs"
+(cd build/asan && UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=halt_on_error=1:detect_leaks=1 \
+  ctest --output-on-failure -j "$jobs")

@@ -1,0 +1,63 @@
+// SPDX-License-Identifier: MIT
+// The SIMD shim against scalar code at lengths around the vector width, on misaligned pointers.
+#include <posenc/core/simd.hpp>
+
+#include <cmath>
+#include <vector>
+
+#include "support/catch.hpp"
+#include "support/random.hpp"
+
+namespace simd = posenc::simd;
+
+TEMPLATE_TEST_CASE("simd: load/store, partial load/store round-trip", "[simd]", float, double) {
+  constexpr auto W = simd::width<TestType>;
+  for (posenc::index_t n : {W - 1, W, W + 1, 2 * W - 1, 2 * W + 1}) {
+    for (posenc::index_t offset : {0, 1, 3}) {
+      auto src = posenc_test::random_vector<TestType>(static_cast<std::size_t>(n + offset + W), 7);
+      std::vector<TestType> dst(src.size(), TestType(-9));
+      TestType const* s = src.data() + offset;
+      TestType* d = dst.data() + offset;
+      posenc::index_t i = 0;
+      for (; i + W <= n; i += W) simd::store(d + i, simd::load(s + i));
+      simd::store_partial(d + i, simd::load_partial(s + i, n - i), n - i);
+      for (posenc::index_t j = 0; j < n; ++j) CHECK(d[j] == s[j]);
+      CHECK(d[n] == TestType(-9));  // nothing written past the end
+    }
+  }
+}
+
+TEMPLATE_TEST_CASE("simd: fma, reduce_add, reduce_max, exp against scalar", "[simd]", float, double) {
+  constexpr auto W = simd::width<TestType>;
+  auto a = posenc_test::random_vector<TestType>(W + 1, 1, -3, 3);
+  auto b = posenc_test::random_vector<TestType>(W + 1, 2, -3, 3);
+  auto c = posenc_test::random_vector<TestType>(W + 1, 3, -3, 3);
+  for (int off = 0; off < 2; ++off) {
+    auto va = simd::load(a.data() + off), vb = simd::load(b.data() + off), vc = simd::load(c.data() + off);
+    std::vector<TestType> r(W);
+    simd::store(r.data(), simd::fma(va, vb, vc));
+    double sum = 0, mx = -1e300;
+    for (posenc::index_t i = 0; i < W; ++i) {
+      CHECK(r[i] == posenc_test::Approx(std::fma(a[i + off], b[i + off], c[i + off])).epsilon(1e-6));
+      sum += a[i + off];
+      mx = std::max(mx, static_cast<double>(a[i + off]));
+    }
+    CHECK(simd::reduce_add(va) == posenc_test::Approx(sum).epsilon(1e-6));
+    CHECK(simd::reduce_max(va) == static_cast<TestType>(mx));
+    simd::store(r.data(), simd::exp(va));
+    for (posenc::index_t i = 0; i < W; ++i)
+      CHECK(r[i] == posenc_test::Approx(std::exp(a[i + off])).epsilon(4e-7));
+  }
+}
+
+TEMPLATE_TEST_CASE("simd: swap_pairs and alternating_sign", "[simd]", float, double) {
+  constexpr auto W = simd::width<TestType>;
+  std::vector<TestType> x(W), r(W), s(W);
+  for (posenc::index_t i = 0; i < W; ++i) x[i] = static_cast<TestType>(i + 1);
+  simd::store(r.data(), simd::swap_pairs(simd::load(x.data())));
+  simd::store(s.data(), simd::alternating_sign<TestType>());
+  for (posenc::index_t i = 0; i < W; ++i) {
+    CHECK(r[i] == x[i ^ 1]);
+    CHECK(s[i] == (i % 2 == 0 ? TestType(-1) : TestType(1)));
+  }
+}

@@ -1,0 +1,20 @@
+// SPDX-License-Identifier: MIT
+// A downstream program: includes the umbrella header and calls into the library.
+#include <posenc/posenc.hpp>
+
+#include <cstdio>
+#include <vector>
+
+int main() {
+  // A strided view and the SIMD shim: sum 1..16 through a batch reduction.
+  std::vector<float> x(16);
+  for (int i = 0; i < 16; ++i) x[static_cast<std::size_t>(i)] = static_cast<float>(i + 1);
+  auto v = posenc::make_bshd(x.data(), 1, 2, 1, 8);
+  float sum = 0;
+  for (posenc::index_t s = 0; s < v.seq; ++s)
+    for (posenc::index_t d = 0; d < v.dim; ++d) sum += v(0, s, 0, d);
+  if (sum != 136.0f) return 1;
+  static_assert(posenc::is_relative_v<posenc::compose<posenc::none>>, "none is relative");
+  std::printf("posenc %s on %s ok\n", posenc::version_string(), posenc::simd::arch_name());
+  return 0;
+}
