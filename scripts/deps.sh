@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
 # Installs the Debian packages posenc's build, tests, benches and examples use (when missing).
+# `deps.sh --list` prints the package names instead.
 set -euo pipefail
+# (OpenMP comes with g++; python is not needed: golden values are checked in.)
 pkgs=(cmake g++ make libeigen3-dev libxsimd-dev catch2 libbenchmark-dev libstb-dev)
+if [ "${1:-}" = "--list" ]; then
+  echo "${pkgs[*]}"
+  exit 0
+fi
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -40,7 +40,13 @@ inline void stream_rmw_baseline(benchmark::State& state, std::int64_t bytes, std
     float* __restrict xp = x.data();
     float const* __restrict tp = t.data();
     if (m > 0) {
-      for (std::int64_t i = 0; i < n; ++i) xp[i] = xp[i] * 0.999f + tp[i % m];
+      // The table is read cyclically, chunk by chunk: a per-element i % m
+      // (an integer division) would make this loop compute-bound.
+      for (std::int64_t i0 = 0; i0 < n; i0 += m) {
+        std::int64_t const len = n - i0 < m ? n - i0 : m;
+        float* __restrict xc = xp + i0;
+        for (std::int64_t j = 0; j < len; ++j) xc[j] = xc[j] * 0.999f + tp[j];
+      }
     } else {
       for (std::int64_t i = 0; i < n; ++i) xp[i] = xp[i] * 0.999f + 0.001f;
     }

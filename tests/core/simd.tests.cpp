@@ -2,7 +2,10 @@
 // The SIMD shim against scalar code at lengths around the vector width, on misaligned pointers.
 #include <posenc/core/simd.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
+#include <string>
 #include <vector>
 
 #include "support/catch.hpp"
@@ -60,4 +63,70 @@ TEMPLATE_TEST_CASE("simd: swap_pairs and alternating_sign", "[simd]", float, dou
     CHECK(r[i] == x[i ^ 1]);
     CHECK(s[i] == (i % 2 == 0 ? TestType(-1) : TestType(1)));
   }
+}
+
+TEMPLATE_TEST_CASE("simd: max and broadcast against scalar, misaligned", "[simd]", float, double) {
+  constexpr auto W = simd::width<TestType>;
+  auto a = posenc_test::random_vector<TestType>(W + 3, 11, -5, 5);
+  auto b = posenc_test::random_vector<TestType>(W + 3, 12, -5, 5);
+  for (int off = 0; off < 4; ++off) {
+    std::vector<TestType> r(W), c(W);
+    simd::store(r.data(), simd::max(simd::load(a.data() + off), simd::load(b.data() + off)));
+    simd::store(c.data(), simd::broadcast(a[off]));
+    for (posenc::index_t i = 0; i < W; ++i) {
+      CHECK(r[i] == std::max(a[i + off], b[i + off]));
+      CHECK(c[i] == a[off]);
+    }
+  }
+}
+
+TEMPLATE_TEST_CASE("simd: exp is exact at 0, zero at -inf, finite over the softmax range", "[simd]", float,
+                   double) {
+  constexpr auto W = simd::width<TestType>;
+  TestType const inf = std::numeric_limits<TestType>::infinity();
+  std::vector<TestType> x(W), r(W);
+  for (posenc::index_t i = 0; i < W; ++i) x[i] = (i % 2 == 0) ? TestType(0) : -inf;
+  simd::store(r.data(), simd::exp(simd::load(x.data())));
+  for (posenc::index_t i = 0; i < W; ++i) CHECK(r[i] == (i % 2 == 0 ? TestType(1) : TestType(0)));
+  // Softmax exponents are <= 0 after subtracting the row max.
+  auto y = posenc_test::random_vector<TestType>(W, 21, -80, 0);
+  simd::store(r.data(), simd::exp(simd::load(y.data())));
+  for (posenc::index_t i = 0; i < W; ++i) {
+    CHECK(std::isfinite(r[i]));
+    CHECK(r[i] == posenc_test::Approx(std::exp(y[i])).epsilon(4e-7).margin(1e-30));
+  }
+  CHECK(simd::reduce_max(simd::broadcast(-inf)) == -inf);
+}
+
+TEMPLATE_TEST_CASE("simd: a dot-product loop with a partial tail at lengths around the width", "[simd]", float,
+                   double) {
+  // The loop shape every kernel uses: full batches, then load_partial for the rest.
+  constexpr auto W = simd::width<TestType>;
+  for (posenc::index_t n : {W - 1, W, W + 1, 3 * W - 1, 3 * W, 3 * W + 1}) {
+    for (posenc::index_t offset : {0, 1, 2}) {
+      auto a = posenc_test::random_vector<TestType>(static_cast<std::size_t>(n + offset), 31 + n, -2, 2);
+      auto b = posenc_test::random_vector<TestType>(static_cast<std::size_t>(n + offset), 41 + n, -2, 2);
+      TestType const* pa = a.data() + offset;
+      TestType const* pb = b.data() + offset;
+      auto acc = simd::broadcast(TestType(0));
+      posenc::index_t i = 0;
+      for (; i + W <= n; i += W) acc = simd::fma(simd::load(pa + i), simd::load(pb + i), acc);
+      if (i < n) acc = simd::fma(simd::load_partial(pa + i, n - i), simd::load_partial(pb + i, n - i), acc);
+      double ref = 0, mag = 0;
+      for (posenc::index_t j = 0; j < n; ++j) {
+        ref += static_cast<double>(pa[j]) * static_cast<double>(pb[j]);
+        mag += std::abs(static_cast<double>(pa[j]) * static_cast<double>(pb[j]));
+      }
+      INFO("n " << n << ", offset " << offset);
+      double const eps = static_cast<double>(std::numeric_limits<TestType>::epsilon());
+      CHECK(std::abs(static_cast<double>(simd::reduce_add(acc)) - ref) <= 2.0 * static_cast<double>(n) * eps * mag);
+    }
+  }
+}
+
+TEST_CASE("simd: arch_name names the instruction set", "[simd]") {
+  std::string name = simd::arch_name();
+  CHECK_FALSE(name.empty());
+  CHECK(simd::width<float> == 2 * simd::width<double>);
+  CHECK(simd::width<float> >= 1);
 }

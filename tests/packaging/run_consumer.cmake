@@ -1,32 +1,40 @@
-# Configures, builds and runs one consumer project: cmake -DKIND=... -DSRC=... -DWORK=... -P run_consumer.cmake
+# SPDX-License-Identifier: MIT
+# Configures, builds and runs one consumer project:
+#   cmake -DKIND=... -DSRC=... -DWORK=... [-DCXX=<compiler>] -P run_consumer.cmake
+# KIND find_package consumes posenc twice: installed into a prefix, and from its
+# build tree (export()) without installing.
 file(REMOVE_RECURSE ${WORK})
 file(MAKE_DIRECTORY ${WORK})
-set(_args -DPOSENC_SOURCE_DIR=${SRC} -DCMAKE_BUILD_TYPE=Release)
+set(_common -DCMAKE_BUILD_TYPE=Release)
+if(CXX)
+  list(APPEND _common -DCMAKE_CXX_COMPILER=${CXX})
+endif()
+
+function(run_step what)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(rc)
+    message(FATAL_ERROR "${what} failed (${rc}):\n${out}\n${err}")
+  endif()
+  set(step_output "${out}" PARENT_SCOPE)
+endfunction()
+
+# consume(<build dir> <extra configure args>...): configure, build and run the consumer.
+function(consume dir)
+  run_step("configuring the ${KIND} consumer (${dir})"
+           ${CMAKE_COMMAND} -S ${SRC}/tests/packaging/${KIND} -B ${WORK}/${dir} -DPOSENC_SOURCE_DIR=${SRC}
+           ${_common} ${ARGN})
+  run_step("building the ${KIND} consumer (${dir})" ${CMAKE_COMMAND} --build ${WORK}/${dir})
+  run_step("running the ${KIND} consumer (${dir})" ${WORK}/${dir}/consumer)
+  message(STATUS "${dir}: ${step_output}")
+endfunction()
+
 if(KIND STREQUAL "find_package")
-  execute_process(COMMAND ${CMAKE_COMMAND} -S ${SRC} -B ${WORK}/posenc-build -DCMAKE_BUILD_TYPE=Release
-                          -DPOSENC_BUILD_TESTS=OFF -DPOSENC_BUILD_BENCH=OFF -DPOSENC_BUILD_EXAMPLES=OFF
-                          -DPOSENC_INSTALL=ON
-                  RESULT_VARIABLE rc)
-  if(rc)
-    message(FATAL_ERROR "configuring posenc failed")
-  endif()
-  execute_process(COMMAND ${CMAKE_COMMAND} --install ${WORK}/posenc-build --prefix ${WORK}/prefix RESULT_VARIABLE rc)
-  if(rc)
-    message(FATAL_ERROR "installing posenc failed")
-  endif()
-  list(APPEND _args -DCMAKE_PREFIX_PATH=${WORK}/prefix)
-endif()
-execute_process(COMMAND ${CMAKE_COMMAND} -S ${SRC}/tests/packaging/${KIND} -B ${WORK}/build ${_args} RESULT_VARIABLE rc)
-if(rc)
-  message(FATAL_ERROR "configuring the ${KIND} consumer failed")
-endif()
-execute_process(COMMAND ${CMAKE_COMMAND} --build ${WORK}/build RESULT_VARIABLE rc)
-if(rc)
-  message(FATAL_ERROR "building the ${KIND} consumer failed")
-endif()
-execute_process(COMMAND ${WORK}/build/consumer RESULT_VARIABLE rc OUTPUT_VARIABLE out)
-message(STATUS "${out}")
-if(rc)
-  message(FATAL_ERROR "the ${KIND} consumer failed: ${rc}")
+  run_step("configuring posenc" ${CMAKE_COMMAND} -S ${SRC} -B ${WORK}/posenc-build ${_common}
+           -DPOSENC_BUILD_TESTS=OFF -DPOSENC_BUILD_BENCH=OFF -DPOSENC_BUILD_EXAMPLES=OFF -DPOSENC_INSTALL=ON)
+  run_step("installing posenc" ${CMAKE_COMMAND} --install ${WORK}/posenc-build --prefix ${WORK}/prefix)
+  consume(build -DCMAKE_PREFIX_PATH=${WORK}/prefix)
+  consume(build-tree -Dposenc_DIR=${WORK}/posenc-build)
+else()
+  consume(build)
 endif()
 message(STATUS "${KIND} consumer: ok")

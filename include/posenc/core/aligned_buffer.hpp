@@ -6,8 +6,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <type_traits>
 #include <utility>
 
+#include "posenc/core/error.hpp"
 #include "posenc/core/span.hpp"
 
 namespace posenc {
@@ -16,11 +18,16 @@ namespace posenc {
 /// an AVX-512 register). Zero-initialised.
 template <class T>
 class aligned_buffer {
+  static_assert(std::is_trivially_copyable_v<T>,
+                "posenc::aligned_buffer: T must be trivially copyable; use std::vector for other types");
+
  public:
   static constexpr std::size_t alignment = 64;
 
   aligned_buffer() noexcept = default;
+  /// n zero elements; throws posenc::error when n < 0.
   explicit aligned_buffer(index_t n) : size_(n) {
+    detail::require(n >= 0, "posenc::aligned_buffer", "n is ", n, ", expected >= 0");
     if (n > 0) {
       std::size_t bytes = (static_cast<std::size_t>(n) * sizeof(T) + alignment - 1) / alignment * alignment;
       data_ = static_cast<T*>(::operator new(bytes, std::align_val_t(alignment)));

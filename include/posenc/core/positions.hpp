@@ -44,8 +44,9 @@ class position_span {
   bool is_explicit() const noexcept { return ids_ != nullptr; }
   bool is_per_batch() const noexcept { return firsts_ != nullptr; }
 
-  /// Checks the span covers (batch, seq) and that every id is >= 0.
-  void validate(char const* where, char const* name, index_t batch, index_t seq) const {
+  /// Checks only that the span covers (batch, seq); ids may be negative
+  /// (attention query positions before the first key).
+  void validate_shape(char const* where, char const* name, index_t batch, index_t seq) const {
     if (ids_) {
       detail::require(ids_batch_ == batch || ids_batch_ == 1, where, name, " batch is ", ids_batch_,
                       ", expected ", batch, " or 1");
@@ -55,6 +56,11 @@ class position_span {
       detail::require(firsts_size_ == batch, where, name, " has ", firsts_size_,
                       " per-batch offsets, expected ", batch);
     }
+  }
+
+  /// Checks the span covers (batch, seq) and that every id is >= 0.
+  void validate(char const* where, char const* name, index_t batch, index_t seq) const {
+    validate_shape(where, name, batch, seq);
     for (index_t b = 0; b < (ids_ && ids_batch_ == 1 ? std::min<index_t>(batch, 1) : batch); ++b) {
       if (seq == 0) break;
       if (!ids_) {

@@ -63,10 +63,23 @@ inline void store_partial(T* p, batch<T, Arch> const& b, index_t n) noexcept {
 }
 
 /// a * b + c, fused where the instruction set has FMA.
+/// xsimd 8 has no AVX-512 fma kernel (it falls back to a * b + c, which the
+/// compiler may contract either way round), so AVX-512 calls the instruction
+/// directly: one rounding, the same result as std::fma.
 template <class T, class Arch>
 inline batch<T, Arch> fma(batch<T, Arch> const& a, batch<T, Arch> const& b,
                           batch<T, Arch> const& c) noexcept {
+#if XSIMD_WITH_AVX512F
+  if constexpr (std::is_base_of<xsimd::avx512f, Arch>::value && std::is_same<T, float>::value) {
+    return batch<T, Arch>(_mm512_fmadd_ps(a, b, c));
+  } else if constexpr (std::is_base_of<xsimd::avx512f, Arch>::value && std::is_same<T, double>::value) {
+    return batch<T, Arch>(_mm512_fmadd_pd(a, b, c));
+  } else {
+    return xsimd::fma(a, b, c);
+  }
+#else
   return xsimd::fma(a, b, c);
+#endif
 }
 
 template <class T, class Arch>
@@ -78,6 +91,23 @@ template <class T, class Arch>
 inline batch<T, Arch> max(batch<T, Arch> const& a, batch<T, Arch> const& b) noexcept {
   return xsimd::max(a, b);
 }
+
+/// Lane-wise `cond ? a : b`.
+template <class T, class Arch>
+inline batch<T, Arch> select(xsimd::batch_bool<T, Arch> const& cond, batch<T, Arch> const& a,
+                             batch<T, Arch> const& b) noexcept {
+  return xsimd::select(cond, a, b);
+}
+
+template <class T, class Arch>
+inline batch<T, Arch> tanh(batch<T, Arch> const& x) noexcept {
+  return xsimd::tanh(x);
+}
+
+/// Architectural vector registers of Arch: 32 with AVX-512, else 16. Kernels
+/// size their register blocks from it (accumulators + operands must fit).
+template <class Arch = default_arch>
+inline constexpr int vector_registers = std::is_base_of<xsimd::avx512f, Arch>::value ? 32 : 16;
 
 /// Sum of the lanes.
 template <class T, class Arch>

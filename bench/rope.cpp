@@ -1,0 +1,109 @@
+// SPDX-License-Identifier: MIT
+// RoPE rotation of q and k in place, beside an in-run in-place streaming baseline of the same bytes.
+//
+// Cases: batch 1, 4096 tokens, 32 q heads + 32 k heads, head_dim 128, f32:
+// both layouts, no scaling and YaRN, and partial rotary 25% (r = 32); batch 1,
+// 1024 tokens, 8 + 8 heads, head_dim 64. Each on 1 and 2 threads. The cos/sin
+// table is reserved before timing (one row per token, shared by all heads);
+// "rows_per_call" variants compute the rows inside the call instead.
+// Baselines: stream_rmw (x = x * a + b over the same bytes) on 1 thread and,
+// written here, on 2 threads with the same task split as the rotation.
+#include <algorithm>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <posenc/core/threading.hpp>
+#include <posenc/encoding/rope.hpp>
+
+#include "support/baselines.hpp"
+
+namespace {
+
+using posenc::index_t;
+
+struct shape {
+  index_t seq, heads, dim;
+  std::string label() const {
+    return "S" + std::to_string(seq) + "xH" + std::to_string(heads) + "xD" + std::to_string(dim);
+  }
+  std::int64_t bytes() const { return 2 * seq * heads * dim * static_cast<std::int64_t>(sizeof(float)); }  // q + k
+};
+
+void rope_case(benchmark::State& state, shape sh, posenc::rope_layout layout, bool yarn, index_t rotary_dim,
+               int threads, bool reserve) {
+  posenc::rope_options o;
+  o.rotary_dim = rotary_dim;
+  o.threads = threads;
+  if (yarn) o.scaling = posenc::rope_scaling::yarn(8.0, 4096);
+  posenc::rope<float> rope(layout, sh.dim, o);
+  if (reserve) rope.reserve(sh.seq);
+  posenc::aligned_buffer<float> q(sh.seq * sh.heads * sh.dim), k(sh.seq * sh.heads * sh.dim);
+  for (index_t i = 0; i < q.size(); ++i) q[i] = k[i] = 0.001f * static_cast<float>(i % 1000);
+  auto qv = posenc::make_bshd(q.data(), 1, sh.seq, sh.heads, sh.dim);
+  auto kv = posenc::make_bshd(k.data(), 1, sh.seq, sh.heads, sh.dim);
+  for (auto _ : state) {
+    rope.rotate_qk(qv, kv, posenc::position_span(0));
+    benchmark::DoNotOptimize(q.data());
+    benchmark::DoNotOptimize(k.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(state.iterations() * 2 * sh.bytes());
+}
+
+/// The streaming baseline split like the rotation: tasks of 16 tokens over `threads` threads.
+void stream_threads(benchmark::State& state, shape sh, int threads) {
+  index_t const row = 2 * sh.heads * sh.dim, n = sh.seq * row;
+  posenc::aligned_buffer<float> x(n);
+  for (index_t i = 0; i < n; ++i) x[i] = 1.0f;
+  index_t const blocks = (sh.seq + 15) / 16;
+  for (auto _ : state) {
+    posenc::parallel_for(blocks, threads, [&](index_t b) noexcept {
+      float* __restrict xp = x.data() + b * 16 * row;
+      index_t const m = std::min<index_t>(16, sh.seq - b * 16) * row;
+      for (index_t i = 0; i < m; ++i) xp[i] = xp[i] * 0.999f + 0.001f;
+    });
+    benchmark::DoNotOptimize(x.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(state.iterations() * 2 * n * static_cast<std::int64_t>(sizeof(float)));
+}
+
+void add(std::string const& name, std::function<void(benchmark::State&)> f) {
+  benchmark::RegisterBenchmark(name.c_str(), std::move(f))->Unit(benchmark::kMicrosecond)->UseRealTime();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using posenc::rope_layout;
+  shape const big{4096, 32, 128}, small{1024, 8, 64};
+  for (shape sh : {big, small}) {
+    posenc_bench::register_stream(sh.label(), sh.bytes());
+    for (int t : {1, 2})
+      add("baseline/stream_rmw_threads/" + sh.label() + "/threads:" + std::to_string(t),
+          [sh, t](benchmark::State& s) { stream_threads(s, sh, t); });
+  }
+  struct variant {
+    shape sh;
+    bool yarn;
+    index_t r;
+  };
+  std::vector<variant> const variants = {{big, false, 128}, {big, true, 128}, {big, false, 32}, {small, false, 64}};
+  for (auto const& v : variants)
+    for (rope_layout layout : {rope_layout::half_split, rope_layout::interleaved})
+      for (int t : {1, 2}) {
+        std::string const name = std::string("rope/") + (layout == rope_layout::half_split ? "half" : "interleaved") +
+                                 (v.yarn ? "/yarn/" : "/none/") + v.sh.label() + "/r" + std::to_string(v.r) +
+                                 "/threads:" + std::to_string(t);
+        add(name, [v, layout, t](benchmark::State& s) { rope_case(s, v.sh, layout, v.yarn, v.r, t, true); });
+      }
+  for (rope_layout layout : {rope_layout::half_split, rope_layout::interleaved})
+    add(std::string("rope_rows_per_call/") + (layout == rope_layout::half_split ? "half" : "interleaved") + "/none/" +
+            big.label() + "/r128/threads:1",
+        [big, layout](benchmark::State& s) { rope_case(s, big, layout, false, 128, 1, false); });
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,0 +1,153 @@
+// SPDX-License-Identifier: MIT
+// posenc::attention: the entry point, its compile-time checks and the path dispatcher.
+#pragma once
+
+#include <algorithm>
+#include <type_traits>
+#include <vector>
+
+#include "posenc/attention/materialized.hpp"
+#include "posenc/attention/options.hpp"
+#include "posenc/attention/plan.hpp"
+#include "posenc/attention/reference.hpp"
+#include "posenc/core/aligned_buffer.hpp"
+#include "posenc/core/positions.hpp"
+#include "posenc/core/view.hpp"
+#include "posenc/encoding/traits.hpp"
+// Further paths specialize detail::kernel<Path>; include their headers here.
+
+namespace posenc {
+namespace detail {
+
+template <class T>
+struct identity {
+  using type = T;
+};
+template <class T>
+using identity_t = typename identity<T>::type;
+
+/// `P`, made dependent on `D` so that kernel<P> is looked up at instantiation.
+template <class P, class D>
+struct dependent_path {
+  using type = P;
+};
+
+/// Copy of x into a packed (batch, seq, head, dim) buffer.
+template <class T>
+view<T> pack_copy(view<const T> x, aligned_buffer<T>& buf) {
+  buf = aligned_buffer<T>(x.size());
+  view<T> y = make_bshd(buf.data(), x.batch, x.seq, x.heads, x.dim);
+  for (index_t b = 0; b < x.batch; ++b)
+    for (index_t s = 0; s < x.seq; ++s)
+      for (index_t h = 0; h < x.heads; ++h) std::copy(x.ptr(b, s, h), x.ptr(b, s, h) + x.dim, y.ptr(b, s, h));
+  return y;
+}
+
+/// Runs one path after validation. `AllowAdditive`: the module applies
+/// additive encodings itself and calls this with its encoder.
+template <class Path, bool AllowAdditive, class T, class E>
+void run_attention(view<const T> q, view<const T> k, view<const T> v, view<T> out, E const& enc,
+                   attention_options<T> const& opt) {
+  using traits = encoder_traits<E>;
+  static_assert(AllowAdditive || !traits::adds_to_embeddings,
+                "posenc::attention: this encoder adds to embeddings, which the attention kernel "
+                "cannot reach; call its add_to() on the input embeddings before the projections, "
+                "or use multi_head_attention");
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
+                "posenc::attention: T must be float or double");
+  if constexpr (std::is_same_v<Path, path::best>) {
+    using fused_kernel = kernel<typename dependent_path<path::fused, E>::type>;
+    if constexpr (fused_kernel::available) {
+      if (opt.scores == nullptr) {
+        run_attention<path::fused, AllowAdditive>(q, k, v, out, enc, opt);
+        return;
+      }
+    }
+    run_attention<path::materialized, AllowAdditive>(q, k, v, out, enc, opt);
+  } else {
+    using K = kernel<typename dependent_path<Path, E>::type>;
+    attention_plan<T> plan = make_plan(q, k, v, out, enc, opt);
+    if constexpr (!K::provides_scores) {
+      require(opt.scores == nullptr, "posenc::attention", "scores is set, expected null (this path "
+              "does not produce the scores output; use path::reference or path::materialized)");
+    }
+    if (plan.batch == 0 || plan.q_len == 0 || plan.q_heads == 0) return;  // nothing to write
+    if constexpr (traits::rotates_queries_keys && !K::rotates_itself) {
+      if (plan.k_len > 0 && plan.head_dim > 0) {
+        // length = largest position + 1 (dynamic scalings pick frequencies from it):
+        // the largest key position (keys that are not padding, when there are
+        // any), or a larger query position (queries past the keys: a partial
+        // key range, as in sequence parallelism).
+        index_t kmax = -1, kmax_all = -1, qmax = -1;
+        for (index_t b = 0; b < plan.batch; ++b)
+          for (index_t j = 0; j < plan.k_len; ++j) {
+            index_t const pj = plan.k_position(b, j);
+            kmax_all = std::max(kmax_all, pj);
+            if (j < plan.key_length(b)) kmax = std::max(kmax, pj);
+          }
+        for (index_t p : plan.q_pos) qmax = std::max(qmax, p);
+        index_t const length = std::max(kmax >= 0 ? kmax : kmax_all, qmax) + 1;
+        // Rows at negative positions see no key (validated); rotate them as position 0.
+        std::vector<index_t> qids(plan.q_pos.size());
+        for (std::size_t t = 0; t < qids.size(); ++t) qids[t] = std::max<index_t>(0, plan.q_pos[t]);
+        aligned_buffer<T> qbuf, kbuf;
+        view<T> qr = pack_copy(q, qbuf);
+        enc.rotate(qr, position_span::ids(qids.data(), plan.batch, plan.q_len), length);
+        view<const T> kr = k;
+        if (!opt.keys_rotated) {
+          std::vector<index_t> kids(static_cast<std::size_t>(plan.batch * plan.k_len));
+          for (index_t b = 0; b < plan.batch; ++b)
+            for (index_t j = 0; j < plan.k_len; ++j)  // padding keys are never visible
+              kids[b * plan.k_len + j] = j < plan.key_length(b) ? plan.k_position(b, j)
+                                                                : std::min(plan.k_position(b, j), length - 1);
+          view<T> kw = pack_copy(k, kbuf);
+          enc.rotate(kw, position_span::ids(kids.data(), plan.batch, plan.k_len), length);
+          kr = kw;
+        }
+        K::run(plan, view<const T>(qr), kr, v, out, enc);
+        return;
+      }
+    }
+    K::run(plan, q, k, v, out, enc);
+  }
+}
+
+}  // namespace detail
+
+/// Scaled dot-product attention with a positional encoder (FORMULAS 5).
+///
+/// out(b, i, h, :) = sum_j softmax_j(s_ij) v(b, j, h / (Hq / Hkv), :), with
+/// s_ij = scale * q_i . k_j (+ Shaw term), softcapped, plus the encoder bias
+/// and the masks; keys hidden by causal / window / padding / masks are -inf.
+/// A row with no visible key gives zeros (and lse = -inf), never NaN.
+///
+/// @tparam Path path::reference, path::materialized, path::fused or
+///         path::best (the fused path when available and no scores output is
+///         requested, else the materialized path).
+/// @param q   (batch, Sq, Hq, D), last dim contiguous, any other strides
+/// @param k   (batch, Sk, Hkv, D), Hq % Hkv == 0
+/// @param v   (batch, Sk, Hkv, Dv)
+/// @param out (batch, Sq, Hq, Dv)
+/// @param enc an encoder whose traits say where it acts: rotation of copies
+///        of q and k (keys skipped when opt.keys_rotated), bias_row, Shaw
+///        score and value terms. Additive encoders are a compile error.
+/// @throws posenc::error on any bad argument, before anything is written.
+template <class Path = path::best, class T, class E>
+void attention(view<const detail::identity_t<T>> q, view<const detail::identity_t<T>> k,
+               view<const detail::identity_t<T>> v, view<T> out, E const& enc,
+               attention_options<detail::identity_t<T>> const& opt = {}) {
+  if constexpr (!has_encoder_traits_v<E>) {
+    static_assert(detail::dependent_false_v<E>,
+                  "posenc::attention: E is not an encoder; specialize posenc::encoder_traits<E> "
+                  "(see posenc/encoding/traits.hpp)");
+  } else {
+    static_assert(!encoder_traits<E>::adds_to_embeddings,
+                  "posenc::attention: this encoder adds to embeddings, which the attention kernel "
+                  "cannot reach; call its add_to() on the input embeddings before the projections, "
+                  "or use multi_head_attention");
+    if constexpr (!encoder_traits<E>::adds_to_embeddings)
+      detail::run_attention<Path, false>(q, k, v, out, enc, opt);
+  }
+}
+
+}  // namespace posenc

@@ -1,0 +1,698 @@
+// SPDX-License-Identifier: MIT
+// path::fused: tiled attention with an online softmax and xsimd FMA micro-kernels; never holds Sq x Sk.
+#pragma once
+
+// Two kernels share the plan (posenc/attention/plan.hpp) and the semantics of
+// FORMULAS 5:
+//
+// * The lane kernel (prefill). Query rows go along the SIMD lanes. A work item
+//   is (batch, kv head, a run of query blocks); its rows are the pairs
+//   (query i, query head of the kv group), so every K/V tile is loaded once for
+//   all query heads of a group. Per query block of `block_q` rows:
+//     qt  (D, block_q)        the block's queries, transposed once
+//     st  (block_kv, block_q) scores of one key tile: st[j][l] = k_j . q_l
+//                             (broadcast k_j[d], FMA with the row qt[d]); K is
+//                             read in place, never packed or transposed
+//     ot  (Dv, block_q)       output, transposed: ot[d][l] += v_j[d] * p[j][l]
+//   The softmax statistics (running max, sum) are vectors over lanes, so the
+//   online softmax has no horizontal reduction. Tiles with no visible key are
+//   skipped, fully visible tiles are not tested, the diagonal tiles are masked
+//   in registers by comparing the key index with per-lane bounds. Biases and
+//   masks are computed per (query row, key tile) with bias_row / apply_masks
+//   and added transposed.
+// * The row kernel (decode, Shaw, few rows). Keys go along the lanes of a row
+//   of scores; a few rows share each K and V row load. Long key ranges are
+//   split across threads, each keeping (max, sum, partial output) per row,
+//   merged with the log-sum-exp rule (FORMULAS 5.5).
+//
+// Scratch: one buffer per thread, sized by the tile constants, D and Dv only
+// (fused_scratch_elements); nothing grows with Sq x Sk.
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <limits>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "posenc/attention/plan.hpp"
+#include "posenc/core/aligned_buffer.hpp"
+#include "posenc/core/simd.hpp"
+#include "posenc/core/threading.hpp"
+
+namespace posenc::detail {
+
+/// Every tile constant of the fused path, derived and checked once.
+/// @tparam T       float or double
+/// @tparam BlockQ  query rows per block (the lanes of one tile), a multiple of
+///                 the lane group of the micro-kernels
+/// @tparam BlockKV keys per tile
+/// @tparam Arch    xsimd architecture tag
+template <class T, index_t BlockQ, index_t BlockKV, class Arch = simd::default_arch>
+struct fused_traits {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
+                "posenc::fused_traits: T must be float or double");
+  using value_type = T;
+  using arch = Arch;
+  using batch = simd::batch<T, Arch>;
+
+  /// Lanes of one vector.
+  static constexpr index_t width = simd::width<T, Arch>;
+  static constexpr index_t block_q = BlockQ;
+  static constexpr index_t block_kv = BlockKV;
+  /// Vectors across one block of query rows.
+  static constexpr index_t q_vectors = BlockQ / width;
+  /// Register file: 32 vector registers with AVX-512, 16 otherwise.
+  static constexpr int registers = simd::vector_registers<Arch>;
+  /// Lane vectors of one micro-tile: 4 with 32 registers (64 float lanes on
+  /// AVX-512), 2 with 16.
+  static constexpr index_t micro_q = registers >= 32 ? 4 : 2;
+  /// Rows (keys for scores, output dims for values) of one micro-tile:
+  /// micro_rows * micro_q accumulators plus micro_q operands plus one
+  /// broadcast must fit the register file: 6 * 4 + 4 + 1 = 29 of 32,
+  /// 6 * 2 + 2 + 1 = 15 of 16.
+  static constexpr index_t micro_rows = 6;
+  /// Query blocks of one work item that share each key tile.
+  static constexpr index_t blocks_per_item = 4;
+  /// Rows handled together by the row kernel (each K/V row load serves them all).
+  static constexpr index_t row_group = 4;
+  /// Below this many rows per (batch, kv head) the row kernel runs: a lane
+  /// block would be mostly empty lanes.
+  static constexpr index_t lane_kernel_min_rows = width;
+
+  static_assert(BlockQ <= 256, "posenc::fused_traits: BlockQ must be <= 256");
+  static_assert(BlockQ > 0 && BlockQ % width == 0,
+                "posenc::fused_traits: BlockQ must be a multiple of the SIMD width");
+  static_assert(q_vectors % micro_q == 0,
+                "posenc::fused_traits: BlockQ must be a multiple of micro_q * width (the lanes of a micro-tile)");
+  static_assert(BlockKV > 0 && BlockKV % width == 0,
+                "posenc::fused_traits: BlockKV must be a multiple of the SIMD width");
+  static_assert(micro_rows * micro_q + micro_q + 1 <= registers,
+                "posenc::fused_traits: the micro-tile does not fit the register file");
+};
+
+/// The tile configuration path::fused uses for T on the compiled architecture.
+/// 64 query rows (one micro-tile of 4 x 16 float lanes with AVX-512) by 64 keys.
+template <class T>
+using fused_default_traits = fused_traits<T, 64, 64>;
+
+namespace fused {
+
+// ---------------------------------------------------------------------------
+// Micro-kernels. Accumulators are arrays of batches with compile-time bounds,
+// fully unrolled so that they live in registers.
+
+/// st[r][lanes] = sum_d k[r][d] * qt[d][lanes] for MR key rows and MQ lane vectors.
+template <class Tr, int MR, int MQ>
+inline void score_micro(typename Tr::value_type const* k, index_t ldk, typename Tr::value_type const* qt,
+                        index_t ldq, index_t D, typename Tr::value_type* st, index_t lds) noexcept {
+  using T = typename Tr::value_type;
+  using B = typename Tr::batch;
+  constexpr index_t W = Tr::width;
+  B acc[MR][MQ];
+  for (int r = 0; r < MR; ++r)
+    for (int m = 0; m < MQ; ++m) acc[r][m] = B(T(0));
+  T const* kr[MR];
+  for (int r = 0; r < MR; ++r) kr[r] = k + r * ldk;
+  for (index_t d = 0; d < D; ++d) {
+    B qv[MQ];
+    for (int m = 0; m < MQ; ++m) qv[m] = simd::load<T, typename Tr::arch>(qt + d * ldq + m * W);
+    for (int r = 0; r < MR; ++r) {
+      B const kb(kr[r][d]);
+      for (int m = 0; m < MQ; ++m) acc[r][m] = simd::fma(kb, qv[m], acc[r][m]);
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int m = 0; m < MQ; ++m) simd::store(st + r * lds + m * W, acc[r][m]);
+}
+
+/// ot[r][lanes] = alpha[lanes] * ot[r][lanes] + sum_j v[j][r] * pt[j][lanes]
+/// for MR output dims (v points at dim d0 of key row 0) and MQ lane vectors.
+template <class Tr, int MR, int MQ>
+inline void value_micro(typename Tr::value_type const* v, index_t ldv, index_t nk,
+                        typename Tr::value_type const* pt, index_t ldp, typename Tr::value_type const* alpha,
+                        typename Tr::value_type* ot, index_t ldo) noexcept {
+  using T = typename Tr::value_type;
+  using B = typename Tr::batch;
+  using A = typename Tr::arch;
+  constexpr index_t W = Tr::width;
+  B acc[MR][MQ];
+  B al[MQ];
+  for (int m = 0; m < MQ; ++m) al[m] = simd::load<T, A>(alpha + m * W);
+  for (int r = 0; r < MR; ++r)
+    for (int m = 0; m < MQ; ++m) acc[r][m] = simd::load<T, A>(ot + r * ldo + m * W);
+  for (index_t j = 0; j < nk; ++j) {
+    B pv[MQ];
+    for (int m = 0; m < MQ; ++m) pv[m] = simd::load<T, A>(pt + j * ldp + m * W);
+    T const* vj = v + j * ldv;
+    for (int r = 0; r < MR; ++r) {
+      B const vb(vj[r]);
+      for (int m = 0; m < MQ; ++m) acc[r][m] = simd::fma(vb, pv[m], acc[r][m]);
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int m = 0; m < MQ; ++m) simd::store(ot + r * ldo + m * W, acc[r][m]);
+}
+
+/// Calls f(row, std::integral_constant<int, MR>) over [0, n) in blocks of MR
+/// rows, the tail with a smaller compile-time block.
+template <int N, class F>
+inline void tail_block(index_t rem, index_t r, F& f) noexcept {
+  if constexpr (N >= 1) {
+    if (rem == N)
+      f(r, std::integral_constant<int, N>{});
+    else
+      tail_block<N - 1>(rem, r, f);
+  } else {
+    (void)rem, (void)r, (void)f;
+  }
+}
+template <int MR, class F>
+inline void row_blocks(index_t n, F&& f) noexcept {
+  index_t r = 0;
+  for (; r + MR <= n; r += MR) f(r, std::integral_constant<int, MR>{});
+  if (r < n) tail_block<MR - 1>(n - r, r, f);
+}
+
+inline constexpr index_t far_key = std::numeric_limits<index_t>::max() / 4;
+
+/// Scratch of one thread, carved out of one aligned buffer.
+template <class T>
+struct carve {
+  T* p;
+  T* take(index_t n) noexcept {
+    T* r = p;
+    p += (n + 15) / 16 * 16;  // keep 64-byte alignment for float and double
+    return r;
+  }
+};
+
+// ---------------------------------------------------------------------------
+// Lane kernel.
+
+template <class Tr>
+struct lane_sizes {
+  static index_t block_elements(index_t D, index_t Dv) noexcept {
+    index_t const bq = Tr::block_q;
+    return (D + Dv + 4) * bq + 64;  // qt, ot, m, l, alpha, spare + carve padding
+  }
+  static index_t shared_elements(index_t D) noexcept {
+    index_t const bq = Tr::block_q, bk = Tr::block_kv;
+    return 2 * bk * bq + bq * D + 2 * bq + bk + 96;  // st, bt, qrow, rlo/rhi, tmp
+  }
+  static index_t elements(index_t D, index_t Dv) noexcept {
+    return Tr::blocks_per_item * block_elements(D, Dv) + shared_elements(D);
+  }
+};
+
+template <class T>
+struct lane_block {
+  T* qt;
+  T* ot;
+  T* m;
+  T* l;
+  T* alpha;
+  index_t row0 = 0, rows = 0;  // rows of this block within the (b, kv head) rows
+  index_t first = 0, last = 0;  // union of the visible key ranges of its rows
+  index_t all_first = 0, all_last = 0;  // every row sees [all_first, all_last)
+  bool exact = true;            // the visible ranges are exact (no per-key test)
+  index_t lo[256], hi[256];     // per-row visible key range [lo, hi)
+};
+
+/// One work item of the lane kernel: (b, kv head hk), blocks [blk0, blk1).
+template <class Tr, class T, class E>
+void lane_item(attention_plan<T> const& p, view<const T> q, view<const T> k, view<const T> v,
+               view<T> out, E const& enc, index_t b, index_t hk, index_t blk0, index_t blk1,
+               T* scratch, lane_block<T>* blocks) noexcept {
+  using A = typename Tr::arch;
+  using B = typename Tr::batch;
+  constexpr index_t W = Tr::width, BQ = Tr::block_q, BK = Tr::block_kv, MQ = Tr::micro_q;
+  constexpr bool has_bias = encoder_traits<E>::biases_scores;
+  index_t const D = p.head_dim, Dv = p.value_dim, G = p.group, R = p.q_len * G;
+  T const scale = static_cast<T>(p.scale);
+  T const cap = static_cast<T>(p.softcap);
+  T const inv_cap = cap > 0 ? T(1) / cap : T(0);
+  T const ninf = -std::numeric_limits<T>::infinity();
+  bool const general = has_bias || p.has_masks();
+
+  carve<T> c{scratch};
+  index_t const nb = blk1 - blk0;
+  for (index_t t = 0; t < nb; ++t) {
+    lane_block<T>& bl = blocks[t];
+    bl.qt = c.take(D * BQ);
+    bl.ot = c.take(Dv * BQ);
+    bl.m = c.take(BQ);
+    bl.l = c.take(BQ);
+    bl.alpha = c.take(BQ);
+  }
+  T* st = c.take(BK * BQ);
+  T* bt = c.take(BK * BQ);
+  T* rlo = c.take(BQ);
+  T* rhi = c.take(BQ);
+  T* tmp = c.take(BK);
+
+  // Block setup: transposed queries, statistics, visible key ranges.
+  index_t kfirst = far_key, klast = 0;
+  for (index_t t = 0; t < nb; ++t) {
+    lane_block<T>& bl = blocks[t];
+    bl.row0 = (blk0 + t) * BQ;
+    bl.rows = std::min(BQ, R - bl.row0);
+    bl.first = far_key;
+    bl.last = 0;
+    bl.all_first = 0;
+    bl.all_last = far_key;
+    bl.exact = true;
+    std::fill(bl.qt, bl.qt + D * BQ, T(0));
+    std::fill(bl.ot, bl.ot + Dv * BQ, T(0));
+    std::fill(bl.m, bl.m + BQ, ninf);
+    std::fill(bl.l, bl.l + BQ, T(0));
+    for (index_t l = 0; l < BQ; ++l) {
+      bl.lo[l] = far_key;
+      bl.hi[l] = -far_key;
+    }
+    for (index_t l = 0; l < bl.rows; ++l) {
+      index_t const r = bl.row0 + l, i = r / G, h = hk * G + r % G;
+      T const* qi = q.ptr(b, i, h);
+      for (index_t d = 0; d < D; ++d) bl.qt[d * BQ + l] = qi[d];
+      key_range const kr = p.visible_range(b, i, 0, p.k_len);
+      bl.exact = bl.exact && kr.all;
+      if (kr.empty()) {
+        bl.all_last = 0;
+        continue;
+      }
+      bl.lo[l] = kr.first;
+      bl.hi[l] = kr.last;
+      bl.first = std::min(bl.first, kr.first);
+      bl.last = std::max(bl.last, kr.last);
+      bl.all_first = std::max(bl.all_first, kr.first);
+      bl.all_last = std::min(bl.all_last, kr.last);
+    }
+    if (bl.rows < BQ) bl.all_last = 0;  // padding lanes: never "all visible"
+    kfirst = std::min(kfirst, bl.first);
+    klast = std::max(klast, bl.last);
+  }
+
+  index_t const t_begin = kfirst >= klast ? 0 : kfirst / BK * BK;
+  for (index_t t0 = t_begin; t0 < klast; t0 += BK) {
+    index_t const nk = std::min(BK, klast - t0);
+    T const* kt = k.ptr(b, t0, hk);
+    T const* vt = v.ptr(b, t0, hk);
+    for (index_t t = 0; t < nb; ++t) {
+      lane_block<T>& bl = blocks[t];
+      if (bl.first >= bl.last || t0 >= bl.last || t0 + nk <= bl.first) continue;
+      // Only the rows that use this tile count; vectors past them are padding.
+      index_t const nv = (bl.rows + W - 1) / W;
+      index_t const ngroups = (nv + MQ - 1) / MQ;
+      index_t const nvec = ngroups * MQ;
+      // Scores st (nk, BQ).
+      for (index_t g = 0; g < ngroups; ++g) {
+        row_blocks<Tr::micro_rows>(nk, [&](index_t r0, auto mr) {
+          score_micro<Tr, decltype(mr)::value, MQ>(kt + r0 * k.seq_stride, k.seq_stride, bl.qt + g * MQ * W,
+                                                   BQ, D, st + r0 * BQ + g * MQ * W, BQ);
+        });
+      }
+      bool const full = bl.exact && bl.all_first <= t0 && bl.all_last >= t0 + nk;
+      if (general || !bl.exact) {
+        // Per (row, key): encoder bias, masks and visibility, added transposed.
+        for (index_t l = 0; l < BQ; ++l) {
+          if (l >= bl.rows) {
+            for (index_t j = 0; j < nk; ++j) bt[j * BQ + l] = ninf;
+            continue;
+          }
+          index_t const r = bl.row0 + l, i = r / G, h = hk * G + r % G;
+          encoder_terms(p, enc, q.ptr(b, i, h), b, h, i, t0, nk, false, true, tmp);
+          apply_masks(p, b, h, i, t0, nk, tmp);
+          for (index_t j = 0; j < nk; ++j) bt[j * BQ + l] = tmp[j];
+        }
+      } else if (!full) {
+        for (index_t l = 0; l < BQ; ++l) {
+          rlo[l] = static_cast<T>(std::clamp<index_t>(bl.lo[l] - t0, -1, BK + 1));
+          rhi[l] = static_cast<T>(std::clamp<index_t>(bl.hi[l] - t0, -1, BK + 1));
+        }
+      }
+      // Online softmax over the lanes: vertical max, exp, sum.
+      for (index_t mv = 0; mv < nvec; ++mv) {
+        index_t const o = mv * W;
+        B const m_old = simd::load<T, A>(bl.m + o);
+        B mx = m_old;
+        B const lo = simd::load<T, A>(rlo + o), hi = simd::load<T, A>(rhi + o);
+        for (index_t j = 0; j < nk; ++j) {
+          B s = simd::load<T, A>(st + j * BQ + o) * B(scale);
+          if (cap > 0) s = B(cap) * simd::tanh(s * B(inv_cap));
+          if (general || !bl.exact) {
+            s = s + simd::load<T, A>(bt + j * BQ + o);
+          } else if (!full) {
+            B const jj(static_cast<T>(j));
+            s = simd::select((jj >= lo) & (jj < hi), s, B(ninf));
+          }
+          simd::store(st + j * BQ + o, s);
+          mx = simd::max(mx, s);
+        }
+        B const m_use = simd::select(mx == B(ninf), B(T(0)), mx);
+        B const al = simd::exp(m_old - m_use);
+        B sum(T(0));
+        for (index_t j = 0; j < nk; ++j) {
+          B const e = simd::exp(simd::load<T, A>(st + j * BQ + o) - m_use);
+          simd::store(st + j * BQ + o, e);
+          sum = sum + e;
+        }
+        simd::store(bl.l + o, simd::load<T, A>(bl.l + o) * al + sum);
+        simd::store(bl.m + o, mx);
+        simd::store(bl.alpha + o, al);
+      }
+      // ot = alpha * ot + V^T p.
+      for (index_t g = 0; g < ngroups; ++g) {
+        row_blocks<Tr::micro_rows>(Dv, [&](index_t d0, auto mr) {
+          value_micro<Tr, decltype(mr)::value, MQ>(vt + d0, v.seq_stride, nk, st + g * MQ * W, BQ,
+                                                   bl.alpha + g * MQ * W, bl.ot + d0 * BQ + g * MQ * W, BQ);
+        });
+      }
+    }
+  }
+
+  // Normalise and write out (b, i, h, :) and the log-sum-exp.
+  for (index_t t = 0; t < nb; ++t) {
+    lane_block<T>& bl = blocks[t];
+    for (index_t l = 0; l < bl.rows; ++l) {
+      index_t const r = bl.row0 + l, i = r / G, h = hk * G + r % G;
+      T* o = out.ptr(b, i, h);
+      T const sum = bl.l[l];
+      T const inv = sum > 0 ? T(1) / sum : T(0);
+      for (index_t d = 0; d < Dv; ++d) o[d] = bl.ot[d * BQ + l] * inv;
+      p.set_lse(b, h, i, sum > 0 ? bl.m[l] + std::log(sum) : ninf);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Row kernel.
+
+template <class Tr>
+struct row_sizes {
+  static index_t elements(index_t D, index_t Dv) noexcept {
+    index_t const g = Tr::row_group, bk = Tr::block_kv;
+    return g * (D + Dv + bk + 3) + 2 * bk + 128;  // q rows, outputs, score rows, m/l/alpha, tmp + padding
+  }
+};
+
+/// s[g][j] = q_g . k_j for NG rows and nk keys.
+template <class Tr, int NG>
+inline void row_scores(typename Tr::value_type const* const* qr, typename Tr::value_type const* k, index_t ldk,
+                       index_t nk, index_t D, typename Tr::value_type* const* s) noexcept {
+  using T = typename Tr::value_type;
+  using B = typename Tr::batch;
+  using A = typename Tr::arch;
+  constexpr index_t W = Tr::width;
+  index_t const Dw = D / W * W;
+  for (index_t j = 0; j < nk; ++j) {
+    T const* kj = k + j * ldk;
+    B acc0[NG], acc1[NG];
+    for (int g = 0; g < NG; ++g) acc0[g] = acc1[g] = B(T(0));
+    index_t d = 0;
+    for (; d + 2 * W <= Dw; d += 2 * W) {
+      B const k0 = simd::load<T, A>(kj + d), k1 = simd::load<T, A>(kj + d + W);
+      for (int g = 0; g < NG; ++g) {
+        acc0[g] = simd::fma(simd::load<T, A>(qr[g] + d), k0, acc0[g]);
+        acc1[g] = simd::fma(simd::load<T, A>(qr[g] + d + W), k1, acc1[g]);
+      }
+    }
+    for (; d < Dw; d += W) {
+      B const k0 = simd::load<T, A>(kj + d);
+      for (int g = 0; g < NG; ++g) acc0[g] = simd::fma(simd::load<T, A>(qr[g] + d), k0, acc0[g]);
+    }
+    for (int g = 0; g < NG; ++g) {
+      T x = simd::reduce_add(acc0[g] + acc1[g]);
+      for (index_t e = Dw; e < D; ++e) x += qr[g][e] * kj[e];
+      s[g][j] = x;
+    }
+  }
+}
+
+/// o = alpha * o + sum_j p[j] v_j over Dv dims.
+template <class Tr>
+inline void row_values(typename Tr::value_type const* pr, typename Tr::value_type alpha,
+                       typename Tr::value_type const* v, index_t ldv, index_t nk, index_t Dv,
+                       typename Tr::value_type* o) noexcept {
+  using T = typename Tr::value_type;
+  using B = typename Tr::batch;
+  using A = typename Tr::arch;
+  constexpr index_t W = Tr::width, C = 4 * W;
+  index_t d = 0;
+  for (; d + C <= Dv; d += C) {
+    B a0 = simd::load<T, A>(o + d) * B(alpha), a1 = simd::load<T, A>(o + d + W) * B(alpha);
+    B a2 = simd::load<T, A>(o + d + 2 * W) * B(alpha), a3 = simd::load<T, A>(o + d + 3 * W) * B(alpha);
+    for (index_t j = 0; j < nk; ++j) {
+      T const* vj = v + j * ldv + d;
+      B const pj(pr[j]);
+      a0 = simd::fma(pj, simd::load<T, A>(vj), a0);
+      a1 = simd::fma(pj, simd::load<T, A>(vj + W), a1);
+      a2 = simd::fma(pj, simd::load<T, A>(vj + 2 * W), a2);
+      a3 = simd::fma(pj, simd::load<T, A>(vj + 3 * W), a3);
+    }
+    simd::store(o + d, a0);
+    simd::store(o + d + W, a1);
+    simd::store(o + d + 2 * W, a2);
+    simd::store(o + d + 3 * W, a3);
+  }
+  for (; d + W <= Dv; d += W) {
+    B a0 = simd::load<T, A>(o + d) * B(alpha);
+    for (index_t j = 0; j < nk; ++j) a0 = simd::fma(B(pr[j]), simd::load<T, A>(v + j * ldv + d), a0);
+    simd::store(o + d, a0);
+  }
+  for (; d < Dv; ++d) {
+    T a = o[d] * alpha;
+    for (index_t j = 0; j < nk; ++j) a += pr[j] * v[j * ldv + d];
+    o[d] = a;
+  }
+}
+
+/// Partial result of the row kernel for one row: running max, sum and the
+/// unnormalised output (Dv values).
+template <class T>
+struct row_state {
+  T* m;
+  T* l;
+  T* o;  // (rows, Dv)
+};
+
+/// Row kernel over rows [r0, r0 + ng) of (b, hk) and keys [j0, j1): leaves
+/// (max, sum, unnormalised output) per row in `st`.
+template <class Tr, class T, class E>
+void row_item(attention_plan<T> const& p, view<const T> q, view<const T> k, view<const T> v, E const& enc,
+              index_t b, index_t hk, index_t r0, index_t ng, index_t j0, index_t j1, T* scratch,
+              row_state<T> st) noexcept {
+  using A = typename Tr::arch;
+  using B = typename Tr::batch;
+  constexpr index_t W = Tr::width, BK = Tr::block_kv;
+  constexpr bool has_bias = encoder_traits<E>::biases_scores;
+  constexpr bool has_shaw = encoder_traits<E>::relative_key_value;
+  index_t const D = p.head_dim, Dv = p.value_dim, G = p.group;
+  T const scale = static_cast<T>(p.scale);
+  T const cap = static_cast<T>(p.softcap);
+  T const ninf = -std::numeric_limits<T>::infinity();
+
+  carve<T> c{scratch};
+  T* srow[Tr::row_group];
+  for (index_t g = 0; g < ng; ++g) srow[g] = c.take(BK);
+  T* tmp = c.take(BK);
+  T const* qrow[Tr::row_group];
+  index_t ri[Tr::row_group], rh[Tr::row_group];
+  key_range kr[Tr::row_group];
+  index_t first = j1, last = j0;
+  for (index_t g = 0; g < ng; ++g) {
+    index_t const r = r0 + g;
+    ri[g] = r / G;
+    rh[g] = hk * G + r % G;
+    qrow[g] = q.ptr(b, ri[g], rh[g]);
+    kr[g] = p.visible_range(b, ri[g], j0, j1);
+    st.m[g] = ninf;
+    st.l[g] = T(0);
+    std::fill(st.o + g * Dv, st.o + (g + 1) * Dv, T(0));
+    if (!kr[g].empty()) {
+      first = std::min(first, kr[g].first);
+      last = std::max(last, kr[g].last);
+    }
+  }
+  bool const general = has_bias || has_shaw || p.has_masks();
+  for (index_t t0 = first; t0 < last; t0 += BK) {
+    index_t const nk = std::min(BK, last - t0);
+    T const* kt = k.ptr(b, t0, hk);
+    T const* vt = v.ptr(b, t0, hk);
+    auto scores = [&](index_t, auto n) { row_scores<Tr, decltype(n)::value>(qrow, kt, k.seq_stride, nk, D, srow); };
+    fused::tail_block<Tr::row_group>(ng, 0, scores);
+    for (index_t g = 0; g < ng; ++g) {
+      T* s = srow[g];
+      for (index_t j = 0; j < nk; ++j) s[j] *= scale;
+      if (has_shaw) {
+        // Shaw's scale * q.aK term is part of the raw score (before the softcap).
+        encoder_terms(p, enc, qrow[g], b, rh[g], ri[g], t0, nk, true, false, tmp);
+        for (index_t j = 0; j < nk; ++j) s[j] += tmp[j];
+      }
+      if (cap > 0) {
+        for (index_t j = 0; j < nk; ++j) s[j] = cap * std::tanh(s[j] / cap);
+      }
+      bool const covered = kr[g].all && kr[g].first <= t0 && kr[g].last >= t0 + nk;
+      if (general || !covered) {
+        if (has_bias) {
+          encoder_terms(p, enc, qrow[g], b, rh[g], ri[g], t0, nk, false, true, tmp);
+          for (index_t j = 0; j < nk; ++j) s[j] += tmp[j];
+        }
+        apply_masks(p, b, rh[g], ri[g], t0, nk, s);
+      }
+      T mx = st.m[g];
+      for (index_t j = 0; j < nk; ++j) mx = std::max(mx, s[j]);
+      T const m_use = mx == ninf ? T(0) : mx;
+      T const al = std::exp(st.m[g] - m_use);
+      B sumv(T(0));
+      index_t j = 0;
+      for (; j + W <= nk; j += W) {
+        B const e = simd::exp(simd::load<T, A>(s + j) - B(m_use));
+        simd::store(s + j, e);
+        sumv = sumv + e;
+      }
+      T sum = simd::reduce_add(sumv);
+      for (; j < nk; ++j) {
+        s[j] = std::exp(s[j] - m_use);
+        sum += s[j];
+      }
+      st.l[g] = st.l[g] * al + sum;
+      st.m[g] = mx;
+      T* o = st.o + g * Dv;
+      row_values<Tr>(s, al, vt, v.seq_stride, nk, Dv, o);
+      if (has_shaw) encoder_values(p, enc, s, b, ri[g], t0, nk, o);
+    }
+  }
+}
+
+/// Writes one row from (max, sum, unnormalised output).
+template <class T>
+void finish_row(attention_plan<T> const& p, view<T> out, index_t b, index_t h, index_t i, T m, T l,
+                T const* o) noexcept {
+  T* dst = out.ptr(b, i, h);
+  T const inv = l > 0 ? T(1) / l : T(0);
+  for (index_t d = 0; d < p.value_dim; ++d) dst[d] = o[d] * inv;
+  p.set_lse(b, h, i, l > 0 ? m + std::log(l) : -std::numeric_limits<T>::infinity());
+}
+
+}  // namespace fused
+
+/// Elements of T of the per-thread scratch of path::fused for head dims D and
+/// Dv: depends on the tile constants and the head dims only, never on the
+/// sequence lengths.
+template <class T>
+index_t fused_scratch_elements(index_t D, index_t Dv) noexcept {
+  using Tr = fused_default_traits<T>;
+  return std::max(fused::lane_sizes<Tr>::elements(D, Dv), fused::row_sizes<Tr>::elements(D, Dv));
+}
+
+/// Runs path::fused on a validated plan (q and k already rotated).
+template <class Tr, class T, class E>
+void fused_attention(attention_plan<T> const& p, view<const T> q, view<const T> k, view<const T> v,
+                     view<T> out, E const& enc) {
+  constexpr index_t BQ = Tr::block_q, NB = Tr::blocks_per_item, RG = Tr::row_group;
+  index_t const B = p.batch, Hkv = p.kv_heads, G = p.group, R = p.q_len * G, D = p.head_dim,
+                Dv = p.value_dim;
+  int const threads = resolve_threads(p.threads);
+  index_t const per_thread = fused_scratch_elements<T>(D, Dv);
+  aligned_buffer<T> scratch(per_thread * threads);
+  constexpr bool shaw = encoder_traits<E>::relative_key_value;
+
+  if (!shaw && R >= Tr::lane_kernel_min_rows) {
+    // Lane kernel: items (b, hk, run of up to NB query blocks).
+    index_t const nblocks = (R + BQ - 1) / BQ;
+    // Fewer blocks per item when that is what keeps every thread busy.
+    index_t per_item = NB;
+    while (per_item > 1 && B * Hkv * ((nblocks + per_item - 1) / per_item) < 4 * threads) per_item /= 2;
+    index_t const items_per_head = (nblocks + per_item - 1) / per_item;
+    std::vector<fused::lane_block<T>> blocks(static_cast<std::size_t>(NB * threads));
+    parallel_for(B * Hkv * items_per_head, threads, [&](index_t it) {
+      index_t const bh = it / items_per_head, sb = it % items_per_head;
+      index_t const b = bh / Hkv, hk = bh % Hkv;
+      int const tid = std::min(thread_index(), threads - 1);  // serial: one slot
+      index_t const blk0 = sb * per_item, blk1 = std::min(nblocks, blk0 + per_item);
+      fused::lane_item<Tr>(p, q, k, v, out, enc, b, hk, blk0, blk1, scratch.data() + tid * per_thread,
+                           blocks.data() + tid * NB);
+    });
+    return;
+  }
+
+  // Row kernel: items (b, hk, group of up to RG rows, key chunk).
+  index_t const groups = (R + RG - 1) / RG;
+  index_t const items = B * Hkv * groups;
+  index_t const Sk = p.k_len, BK = Tr::block_kv;
+  index_t chunks = 1;
+  if (threads > 1 && items < 2 * threads && Sk >= 2 * BK) {
+    chunks = std::min<index_t>((2 * threads + items - 1) / items, (Sk + BK - 1) / BK);
+  }
+  index_t const chunk_len = ((Sk + chunks - 1) / chunks + BK - 1) / BK * BK;
+  chunks = std::max<index_t>(1, (Sk + chunk_len - 1) / chunk_len);
+  // Partial states (m, l, o) of every (item, chunk): bounded by 2 * threads
+  // items when split, by one item per thread otherwise.
+  index_t const state_rows = RG * (chunks > 1 ? items * chunks : threads);
+  aligned_buffer<T> states(state_rows * (Dv + 2));
+  T* const ms = states.data();
+  T* const ls = ms + state_rows;
+  T* const os = ls + state_rows;
+  parallel_for(items * chunks, threads, [&](index_t it) {
+    index_t const item = it / chunks, ch = it % chunks;
+    index_t const bh = item / groups, grp = item % groups;
+    index_t const b = bh / Hkv, hk = bh % Hkv;
+    index_t const r0 = grp * RG, ng = std::min(RG, R - r0);
+    int const tid = std::min(thread_index(), threads - 1);
+    index_t const slot = chunks > 1 ? it * RG : static_cast<index_t>(tid) * RG;
+    fused::row_state<T> st{ms + slot, ls + slot, os + slot * Dv};
+    index_t const j0 = ch * chunk_len, j1 = std::min(Sk, j0 + chunk_len);
+    fused::row_item<Tr>(p, q, k, v, enc, b, hk, r0, ng, j0, j1, scratch.data() + tid * per_thread, st);
+    if (chunks == 1) {
+      for (index_t g = 0; g < ng; ++g) {
+        index_t const r = r0 + g;
+        fused::finish_row(p, out, b, hk * G + r % G, r / G, st.m[g], st.l[g], st.o + g * Dv);
+      }
+    }
+  });
+  if (chunks == 1) return;
+  // Merge the chunks of each row with the log-sum-exp rule (FORMULAS 5.5).
+  parallel_for(items, threads, [&](index_t item) {
+    index_t const bh = item / groups, grp = item % groups;
+    index_t const b = bh / Hkv, hk = bh % Hkv;
+    index_t const r0 = grp * RG, ng = std::min(RG, R - r0);
+    T* acc = os + (item * chunks) * RG * Dv;  // chunk 0's rows receive the merge
+    for (index_t g = 0; g < ng; ++g) {
+      T mx = -std::numeric_limits<T>::infinity();
+      for (index_t ch = 0; ch < chunks; ++ch) mx = std::max(mx, ms[(item * chunks + ch) * RG + g]);
+      T* o = acc + g * Dv;
+      T l = 0;
+      if (mx != -std::numeric_limits<T>::infinity()) {
+        for (index_t d = 0; d < Dv; ++d) o[d] *= std::exp(ms[item * chunks * RG + g] - mx);
+        l = ls[item * chunks * RG + g] * std::exp(ms[item * chunks * RG + g] - mx);
+        for (index_t ch = 1; ch < chunks; ++ch) {
+          index_t const s = (item * chunks + ch) * RG + g;
+          T const w = std::exp(ms[s] - mx);
+          l += ls[s] * w;
+          T const* oc = os + s * Dv;
+          for (index_t d = 0; d < Dv; ++d) o[d] += w * oc[d];
+        }
+      }
+      index_t const r = r0 + g;
+      fused::finish_row(p, out, b, hk * G + r % G, r / G, mx, l, o);
+    }
+  });
+}
+
+/// path::fused: see the top of this file.
+template <>
+struct kernel<path::fused> {
+  static constexpr bool available = true;
+  static constexpr bool provides_scores = false;
+  /// q and k arrive rotated: the entry point rotates each row once, which
+  /// costs less than re-rotating key tiles for every query block.
+  static constexpr bool rotates_itself = false;
+  template <class T, class E>
+  static void run(attention_plan<T> const& p, view<const T> q, view<const T> k, view<const T> v,
+                  view<T> out, E const& enc) {
+    fused_attention<fused_default_traits<T>>(p, q, k, v, out, enc);
+  }
+};
+
+}  // namespace posenc::detail

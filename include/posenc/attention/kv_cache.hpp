@@ -1,0 +1,127 @@
+// SPDX-License-Identifier: MIT
+// kv_cache<T>: keys and values of past tokens for token-by-token decoding, keys stored rotated.
+#pragma once
+
+#include <algorithm>
+#include <vector>
+
+#include "posenc/core/error.hpp"
+#include "posenc/core/positions.hpp"
+#include "posenc/core/view.hpp"
+#include "posenc/encoding/traits.hpp"
+
+namespace posenc {
+
+/// Keys and values of the tokens seen so far, for a batch of sequences that
+/// advance together. Token s of the cache sits at position `first_position() + s`.
+/// When the encoder rotates queries and keys, append() stores the keys rotated
+/// (at their positions, with length = the new cache length), so attention over
+/// the cache passes `keys_rotated = true`.
+///
+/// Storage: (batch, capacity, kv_heads, dim), grown geometrically.
+/// @tparam T float or double
+template <class T>
+class kv_cache {
+ public:
+  /// @param batch sequences in the batch
+  /// @param kv_heads key/value heads
+  /// @param head_dim key dim; @param value_dim value dim (0 = head_dim)
+  /// @param first_position position of the first cached token (0 for a fresh prompt)
+  kv_cache(index_t batch, index_t kv_heads, index_t head_dim, index_t value_dim = 0,
+           index_t first_position = 0)
+      : batch_(batch), heads_(kv_heads), dim_(head_dim), vdim_(value_dim > 0 ? value_dim : head_dim),
+        first_(first_position) {
+    char const* w = "posenc::kv_cache";
+    detail::require(batch >= 0, w, "batch is ", batch, ", expected >= 0");
+    detail::require(kv_heads >= 0, w, "kv_heads is ", kv_heads, ", expected >= 0");
+    detail::require(head_dim >= 0, w, "head_dim is ", head_dim, ", expected >= 0");
+    detail::require(value_dim >= 0, w, "value_dim is ", value_dim, ", expected >= 0");
+    detail::require(first_position >= 0, w, "first_position is ", first_position, ", expected >= 0");
+  }
+
+  /// Appends k (batch, S, kv_heads, head_dim) and v (batch, S, kv_heads, value_dim)
+  /// as the next S tokens; rotates the stored keys when the encoder rotates.
+  template <class E>
+  void append(view<const T> k, view<const T> v, E const& enc) {
+    char const* w = "posenc::kv_cache::append";
+    detail::check_view(w, "k", k);
+    detail::check_view(w, "v", v);
+    detail::check_equal(w, "k.batch", k.batch, batch_, "cache batch");
+    detail::check_equal(w, "v.batch", v.batch, batch_, "cache batch");
+    detail::check_equal(w, "k.heads", k.heads, heads_, "cache kv_heads");
+    detail::check_equal(w, "v.heads", v.heads, heads_, "cache kv_heads");
+    detail::check_equal(w, "k.dim", k.dim, dim_, "cache head_dim");
+    detail::check_equal(w, "v.dim", v.dim, vdim_, "cache value_dim");
+    detail::check_equal(w, "v.seq", v.seq, k.seq, "k.seq");
+    index_t const n = k.seq;
+    if (n == 0) return;
+    reserve(len_ + n);
+    view<T> kd = key_storage(), vd = value_storage();
+    for (index_t b = 0; b < batch_; ++b)
+      for (index_t s = 0; s < n; ++s)
+        for (index_t h = 0; h < heads_; ++h) {
+          std::copy(k.ptr(b, s, h), k.ptr(b, s, h) + dim_, kd.ptr(b, len_ + s, h));
+          std::copy(v.ptr(b, s, h), v.ptr(b, s, h) + vdim_, vd.ptr(b, len_ + s, h));
+        }
+    if constexpr (encoder_traits<E>::rotates_queries_keys) {
+      view<T> fresh = kd;
+      fresh.data = kd.data + len_ * kd.seq_stride;
+      fresh.seq = n;
+      index_t const p0 = first_ + len_;
+      enc.rotate(fresh, position_span(p0), p0 + n);
+    } else {
+      (void)enc;
+    }
+    len_ += n;
+  }
+
+  /// Cached keys (batch, length(), kv_heads, head_dim), rotated when the encoder rotates.
+  view<const T> keys() const noexcept { return const_view(keys_.data(), dim_); }
+  /// Cached values (batch, length(), kv_heads, value_dim).
+  view<const T> values() const noexcept { return const_view(values_.data(), vdim_); }
+  /// Number of cached tokens.
+  index_t length() const noexcept { return len_; }
+  /// Position of cached token 0.
+  index_t first_position() const noexcept { return first_; }
+  /// Position the next appended token gets.
+  index_t next_position() const noexcept { return first_ + len_; }
+  index_t batch() const noexcept { return batch_; }
+  index_t kv_heads() const noexcept { return heads_; }
+  index_t head_dim() const noexcept { return dim_; }
+  index_t value_dim() const noexcept { return vdim_; }
+  /// Forgets every token (keeps the storage).
+  void clear() noexcept { len_ = 0; }
+
+  /// Makes room for `tokens` tokens without reallocating on append.
+  void reserve(index_t tokens) {
+    if (tokens <= cap_) return;
+    index_t const cap = std::max(tokens, 2 * cap_);
+    std::vector<T> nk(static_cast<std::size_t>(batch_ * cap * heads_ * dim_));
+    std::vector<T> nv(static_cast<std::size_t>(batch_ * cap * heads_ * vdim_));
+    for (index_t b = 0; b < batch_; ++b) {
+      std::copy_n(keys_.begin() + b * cap_ * heads_ * dim_, len_ * heads_ * dim_,
+                  nk.begin() + b * cap * heads_ * dim_);
+      std::copy_n(values_.begin() + b * cap_ * heads_ * vdim_, len_ * heads_ * vdim_,
+                  nv.begin() + b * cap * heads_ * vdim_);
+    }
+    keys_.swap(nk);
+    values_.swap(nv);
+    cap_ = cap;
+  }
+
+ private:
+  view<T> storage(T* data, index_t d) noexcept {
+    return {data, batch_, len_, heads_, d, cap_ * heads_ * d, heads_ * d, d, 1};
+  }
+  view<T> key_storage() noexcept { return storage(keys_.data(), dim_); }
+  view<T> value_storage() noexcept { return storage(values_.data(), vdim_); }
+  view<const T> const_view(T const* data, index_t d) const noexcept {
+    return {data, batch_, len_, heads_, d, cap_ * heads_ * d, heads_ * d, d, 1};
+  }
+
+  index_t batch_, heads_, dim_, vdim_, first_;
+  index_t len_ = 0, cap_ = 0;
+  std::vector<T> keys_, values_;
+};
+
+}  // namespace posenc

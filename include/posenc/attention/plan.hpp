@@ -1,0 +1,414 @@
+// SPDX-License-Identifier: MIT
+// Argument validation and the resolved per-call plan shared by every attention path.
+#pragma once
+
+// API (namespace posenc::detail) used by every kernel behind posenc::attention:
+//
+//   validate(q, k, v, out, enc, opt)      checks every argument, throws posenc::error
+//                                         ("posenc::attention: <arg> is <value>, expected
+//                                         <what>") before anything is written.
+//   attention_plan<T> make_plan(q, k, v, out, enc, opt)
+//                                         validate() + resolve defaults into a plan.
+//   attention_plan<T>                     B, Sq, Sk, Hq, Hkv, group, D, Dv, scale, softcap,
+//                                         causal, window, positions, key lengths, masks,
+//                                         outputs (lse, scores), threads. Members:
+//     kv_head(h)                          h / group (contiguous GQA groups)
+//     q_position(b, i), k_position(b, j)  absolute positions (q may be negative)
+//     key_length(b)                       keys j >= key_length(b) are padding
+//     visible(b, i, j)                    key j visible to query i ignoring masks:
+//                                         padding, causal, sliding window
+//     visible_range(b, i, j0, j1)         sub-range [first, last) of [j0, j1) outside of
+//                                         which no key is visible; `all` is true when every
+//                                         key inside is visible (ignoring masks), so a tiled
+//                                         kernel can skip whole tiles and per-key tests
+//     row_has_visible(b, i)               some key is visible (ignoring masks)
+//   apply_masks(plan, b, h, i, j0, n, row) on a row of n scores for keys j0.. of query
+//                                         (b, h, i): keys invisible by visible() or masked by
+//                                         a bool mask (false) or by a short mask key extent
+//                                         become -inf; the additive mask is added.
+//   kernel<Path>                          dispatcher; primary template has `available =
+//                                         false` and a run() that static_asserts. A path
+//                                         specializes it with
+//       static constexpr bool available = true;
+//       static constexpr bool provides_scores;      // can fill opt.scores
+//       static constexpr bool rotates_itself;       // false: q, k arrive already rotated
+//       template <class T, class E>
+//       static void run(attention_plan<T> const&, view<const T> q, view<const T> k,
+//                       view<const T> v, view<T> out, E const& enc);
+//     `run` writes every element of out (zeros for rows with no visible key), plan.lse
+//     (-inf for such rows) and plan.scores when non-null (only when provides_scores).
+//
+// Semantics (FORMULAS 5): s = scale * q.k (+ Shaw q.aK); s = c tanh(s / c) when softcap c > 0;
+// s += bias(h, p_i, p_j) + additive mask; invisible / masked keys are -inf; softmax over keys;
+// a row whose every key is -inf gives zeros and lse = -inf.
+// Default query positions: key_length(b) - Sq + i (bottom-right against the key length of the
+// batch entry: the KV-cache convention, also with a static cache and per-batch lengths).
+// Default key positions: j.
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#include "posenc/attention/options.hpp"
+#include "posenc/core/error.hpp"
+#include "posenc/core/positions.hpp"
+#include "posenc/core/span.hpp"
+#include "posenc/core/view.hpp"
+#include "posenc/encoding/traits.hpp"
+
+namespace posenc::detail {
+
+/// A sub-range [first, last) of keys; `all` = every key inside is visible (ignoring masks).
+struct key_range {
+  index_t first = 0, last = 0;
+  bool all = false;
+  bool empty() const noexcept { return last <= first; }
+};
+
+/// Everything a kernel needs to know about one call, resolved once.
+template <class T>
+struct attention_plan {
+  index_t batch = 0, q_len = 0, k_len = 0;     // B, Sq, Sk
+  index_t q_heads = 0, kv_heads = 0, group = 1;  // Hq, Hkv, Hq / Hkv
+  index_t head_dim = 0, value_dim = 0;         // D, Dv
+  double scale = 1;                            // multiplies q.k
+  double softcap = 0;                          // > 0: s = softcap * tanh(s / softcap)
+  bool causal = false;                         // p_j <= p_i
+  index_t window = 0;                          // > 0: p_i - window < p_j (implies causal)
+  bool keys_are_indices = true;                // k_position(b, j) == j
+  bool has_padding = false;                    // some key_length(b) < Sk
+  std::vector<index_t> q_pos;                  // (batch, q_len)
+  std::vector<index_t> k_pos;                  // (batch, k_len); empty when keys_are_indices
+  std::vector<index_t> k_valid;                // (batch): key_length
+  mask_view<T> mask;                           // additive, may be empty
+  mask_view<bool> bool_mask;                   // true = attend, may be empty
+  T* lse = nullptr;                            // (batch, Hq, Sq) or null
+  T* scores = nullptr;                         // (batch, Hq, Sq, Sk) or null
+  score_stage stage = score_stage::probabilities;
+  int threads = 0;
+
+  bool has_masks() const noexcept { return !mask.empty() || !bool_mask.empty(); }
+  bool restricts() const noexcept { return causal || window > 0; }
+  index_t kv_head(index_t h) const noexcept { return h / group; }
+  index_t q_position(index_t b, index_t i) const noexcept { return q_pos[b * q_len + i]; }
+  index_t k_position(index_t b, index_t j) const noexcept {
+    return keys_are_indices ? j : k_pos[b * k_len + j];
+  }
+  index_t key_length(index_t b) const noexcept { return k_valid[b]; }
+
+  /// Row of the scores output for (b, h, i) (Sk values), or null when not requested.
+  T* scores_row(index_t b, index_t h, index_t i) const noexcept {
+    return scores ? scores + ((b * q_heads + h) * q_len + i) * k_len : nullptr;
+  }
+  /// Writes the log-sum-exp of (b, h, i) when requested.
+  void set_lse(index_t b, index_t h, index_t i, T value) const noexcept {
+    if (lse) lse[(b * q_heads + h) * q_len + i] = value;
+  }
+
+  /// Key j visible to query i of batch entry b, ignoring masks.
+  bool visible(index_t b, index_t i, index_t j) const noexcept {
+    if (j >= k_valid[b]) return false;
+    if (!restricts()) return true;
+    index_t const pi = q_position(b, i), pj = k_position(b, j);
+    if (pj > pi) return false;
+    return window <= 0 || pj > pi - window;
+  }
+
+  /// Sub-range of [j0, j1) outside which no key is visible to (b, i).
+  key_range visible_range(index_t b, index_t i, index_t j0, index_t j1) const noexcept {
+    key_range r{j0, std::min(j1, k_valid[b]), false};
+    if (r.empty()) return r;
+    if (!restricts()) {
+      r.all = true;
+      return r;
+    }
+    if (!keys_are_indices) return r;  // arbitrary key positions: test each key
+    index_t const pi = q_position(b, i);
+    r.last = std::min(r.last, pi + 1);
+    if (window > 0) r.first = std::max(r.first, pi - window + 1);
+    if (r.last < r.first) r.last = r.first;
+    r.all = true;
+    return r;
+  }
+
+  /// Some key is visible to (b, i), ignoring masks.
+  bool row_has_visible(index_t b, index_t i) const noexcept {
+    key_range r = visible_range(b, i, 0, k_len);
+    if (r.empty()) return false;
+    if (r.all) return true;
+    for (index_t j = r.first; j < r.last; ++j)
+      if (visible(b, i, j)) return true;
+    return false;
+  }
+};
+
+/// Turns invisible and masked keys of a score row into -inf and adds the
+/// additive mask. `row[n]` holds the scores of keys j0 .. j0 + n - 1 of query
+/// row i, head h, batch entry b. S is float or double.
+template <class T, class S>
+void apply_masks(attention_plan<T> const& plan, index_t b, index_t h, index_t i, index_t j0,
+                 index_t n, S* row) noexcept {
+  S const ninf = -std::numeric_limits<S>::infinity();
+  for (index_t t = 0; t < n; ++t)
+    if (!plan.visible(b, i, j0 + t)) row[t] = ninf;
+  if (!plan.mask.empty()) {
+    T const* m = plan.mask.row(b, h, i);
+    index_t const mk = plan.mask.k;
+    for (index_t t = 0; t < n; ++t) {
+      index_t const j = j0 + t;
+      row[t] = j < mk ? row[t] + static_cast<S>(m[j]) : ninf;
+    }
+  }
+  if (!plan.bool_mask.empty()) {
+    bool const* m = plan.bool_mask.row(b, h, i);
+    index_t const mk = plan.bool_mask.k;
+    for (index_t t = 0; t < n; ++t) {
+      index_t const j = j0 + t;
+      if (j >= mk || !m[j]) row[t] = ninf;
+    }
+  }
+}
+
+/// Calls f(k_pos_first, t0, count) for each run of consecutive key positions
+/// among keys j0 .. j0 + n - 1 of batch entry b (t0 = offset into the row).
+template <class T, class F>
+void for_each_key_run(attention_plan<T> const& plan, index_t b, index_t j0, index_t n, F&& f) noexcept {
+  if (plan.keys_are_indices) {
+    if (n > 0) f(j0, index_t{0}, n);
+    return;
+  }
+  index_t t = 0;
+  while (t < n) {
+    index_t const first = plan.k_position(b, j0 + t);
+    index_t len = 1;
+    while (t + len < n && plan.k_position(b, j0 + t + len) == first + len) ++len;
+    f(first, t, len);
+    t += len;
+  }
+}
+
+/// Adds the encoder's score terms for keys j0 .. j0 + n - 1 of (b, h, i) into
+/// `tmp[n]` (zeroed first): Shaw's scale * q.aK (relative_key_value) when
+/// `shaw`, the score bias (biases_scores) when `bias`. Rows at a negative
+/// position (no visible key) get no terms.
+template <class T, class E>
+void encoder_terms(attention_plan<T> const& plan, E const& enc, T const* q_row, index_t b, index_t h,
+                   index_t i, index_t j0, index_t n, bool shaw, bool bias, T* tmp) noexcept {
+  for (index_t t = 0; t < n; ++t) tmp[t] = T(0);
+  index_t const pi = plan.q_position(b, i);
+  if (pi < 0) return;
+  using traits = encoder_traits<E>;
+  if constexpr (traits::relative_key_value) {
+    if (shaw) {
+      T const sc = static_cast<T>(plan.scale);
+      for_each_key_run(plan, b, j0, n, [&](index_t kp, index_t t0, index_t len) {
+        enc.score_row(q_row, pi, kp, len, sc, tmp + t0);
+      });
+    }
+  }
+  if constexpr (traits::biases_scores) {
+    if (bias) {
+      for_each_key_run(plan, b, j0, n, [&](index_t kp, index_t t0, index_t len) {
+        enc.bias_row(h, pi, kp, len, tmp + t0);
+      });
+    }
+  }
+  (void)enc;
+  (void)q_row;
+  (void)h;
+  (void)shaw;
+  (void)bias;
+}
+
+/// Adds Shaw's value term sum_j p[j] aV(p_j - p_i) for keys j0 .. j0 + n - 1
+/// into out_row (value_dim values), when the encoder has value embeddings.
+template <class T, class E>
+void encoder_values(attention_plan<T> const& plan, E const& enc, T const* prob, index_t b, index_t i,
+                    index_t j0, index_t n, T* out_row) noexcept {
+  if constexpr (encoder_traits<E>::relative_key_value) {
+    index_t const pi = plan.q_position(b, i);
+    if (pi < 0 || !enc.has_values()) return;
+    for_each_key_run(plan, b, j0, n, [&](index_t kp, index_t t0, index_t len) {
+      enc.value_row(prob + t0, pi, kp, len, out_row);
+    });
+  } else {
+    (void)plan, (void)enc, (void)prob, (void)b, (void)i, (void)j0, (void)n, (void)out_row;
+  }
+}
+
+/// Dispatcher over path tags. A path specializes it (see the API at the top).
+template <class Path>
+struct kernel {
+  static constexpr bool available = false;
+  static constexpr bool provides_scores = false;
+  static constexpr bool rotates_itself = false;
+  template <class T, class E>
+  static void run(attention_plan<T> const&, view<const T>, view<const T>, view<const T>, view<T>,
+                  E const&) {
+    static_assert(dependent_false_v<E>,
+                  "posenc::attention: this path is not available; include its header "
+                  "(posenc/attention/reference.hpp, materialized.hpp or fused.hpp) or use "
+                  "path::reference / path::materialized");
+  }
+};
+
+/// Checks a (batch, heads, q, k) mask against the call's shapes.
+template <class M>
+void check_mask(char const* where, char const* name, mask_view<M> const& m, index_t B, index_t Hq,
+                index_t Sq, index_t Sk) {
+  if (m.empty()) return;
+  require(m.batch == 1 || m.batch == B, where, name, ".batch is ", m.batch, ", expected 1 or ", B,
+          " (q.batch)");
+  require(m.heads == 1 || m.heads == Hq, where, name, ".heads is ", m.heads, ", expected 1 or ", Hq,
+          " (q.heads)");
+  require(m.q == 1 || m.q == Sq, where, name, ".q is ", m.q, ", expected 1 or ", Sq, " (q.seq)");
+  require(m.k >= 0 && m.k <= Sk, where, name, ".k is ", m.k, ", expected 0 .. ", Sk,
+          " (k.seq; a shorter key extent masks the keys past it)");
+}
+
+/// Validates every argument of posenc::attention; throws posenc::error before any write.
+template <class T, class E>
+void validate(view<const T> q, view<const T> k, view<const T> v, view<T> out, E const& enc,
+              attention_options<T> const& opt) {
+  char const* w = "posenc::attention";
+  (void)enc;
+  check_view(w, "q", q);
+  check_view(w, "k", k);
+  check_view(w, "v", v);
+  check_view(w, "out", out);
+  check_equal(w, "k.batch", k.batch, q.batch, "q.batch");
+  check_equal(w, "v.batch", v.batch, q.batch, "q.batch");
+  check_equal(w, "v.seq", v.seq, k.seq, "k.seq");
+  check_equal(w, "k.dim", k.dim, q.dim, "q.dim");
+  check_equal(w, "v.heads", v.heads, k.heads, "k.heads");
+  check_equal(w, "out.batch", out.batch, q.batch, "q.batch");
+  check_equal(w, "out.seq", out.seq, q.seq, "q.seq");
+  check_equal(w, "out.heads", out.heads, q.heads, "q.heads");
+  check_equal(w, "out.dim", out.dim, v.dim, "v.dim");
+  if (q.heads > 0) {
+    require(k.heads > 0 && q.heads % k.heads == 0, w, "q.heads is ", q.heads,
+            ", expected a multiple of k.heads (", k.heads, ")");
+  }
+  if (opt.scale) {
+    require(std::isfinite(*opt.scale) && *opt.scale >= 0, w, "scale is ", *opt.scale,
+            ", expected a finite value >= 0");
+  }
+  require(std::isfinite(opt.softcap) && opt.softcap >= 0, w, "softcap is ", opt.softcap,
+          ", expected a finite value >= 0 (0 = off)");
+  require(opt.sliding_window >= 0, w, "sliding_window is ", opt.sliding_window,
+          ", expected >= 0 (0 = off)");
+  index_t const B = q.batch, Sq = q.seq, Sk = k.seq;
+  if (!opt.key_lengths.empty() || opt.key_lengths.data() != nullptr) {
+    require(opt.key_lengths.size() == B, w, "key_lengths has ", opt.key_lengths.size(),
+            " entries, expected ", B, " (q.batch)");
+    require(opt.key_lengths.data() != nullptr || B == 0, w,
+            "key_lengths.data is null, expected ", B, " entries");
+    for (index_t b = 0; b < B; ++b) {
+      index_t const L = opt.key_lengths[b];
+      require(L >= 0 && L <= Sk, w, "key_lengths[", b, "] is ", L, ", expected 0 .. ", Sk,
+              " (k.seq)");
+    }
+  }
+  check_mask(w, "mask", opt.mask, B, q.heads, Sq, Sk);
+  check_mask(w, "bool_mask", opt.bool_mask, B, q.heads, Sq, Sk);
+  if (opt.k_positions) opt.k_positions->validate(w, "k_positions", B, Sk);
+  if (opt.q_positions) opt.q_positions->validate_shape(w, "q_positions", B, Sq);
+
+  using traits = encoder_traits<E>;
+  constexpr bool uses_positions =
+      traits::rotates_queries_keys || traits::biases_scores || traits::relative_key_value;
+  if constexpr (traits::biases_scores) {
+    index_t const eh = enc.heads();
+    require(eh == 0 || eh == q.heads, w, "encoder heads() is ", eh, ", expected ", q.heads,
+            " (q.heads) or 0");
+  }
+  if constexpr (traits::relative_key_value) {
+    index_t const ed = enc.head_dim();
+    require(ed == q.dim, w, "encoder head_dim() is ", ed, ", expected ", q.dim, " (q.dim)");
+    if (enc.has_values()) {
+      require(v.dim == ed, w, "v.dim is ", v.dim, ", expected ", ed,
+              " (the encoder's head_dim: it adds value embeddings)");
+    }
+  }
+  if constexpr (uses_positions) {
+    // Query positions: negative ones are fine when they see no key (causal);
+    // an encoder cannot place a visible query before position 0.
+    bool const restricted = opt.causal || opt.sliding_window > 0;
+    index_t const max_pos = enc.max_positions();
+    index_t kmax = -1;
+    for (index_t b = 0; b < B; ++b) {
+      for (index_t j = 0; j < Sk; ++j) {
+        index_t const pj = opt.k_positions ? opt.k_positions->at(b, j) : j;
+        kmax = std::max(kmax, pj);
+      }
+    }
+    require(max_pos == 0 || kmax < max_pos, w, "largest key position is ", kmax,
+            ", expected < ", max_pos, " (the encoder's max_positions())");
+    for (index_t b = 0; b < B; ++b) {
+      index_t const L = opt.key_lengths.empty() ? Sk : opt.key_lengths[b];
+      for (index_t i = 0; i < Sq; ++i) {
+        index_t const pi = opt.q_positions ? opt.q_positions->at(b, i) : L - Sq + i;
+        require(pi >= 0 || restricted, w, "query position of batch ", b, " row ", i, " is ", pi,
+                ", expected >= 0 (the encoder needs positions; negative positions are only "
+                "allowed with causal, where such rows see no key)");
+        require(max_pos == 0 || pi < max_pos, w, "query position of batch ", b, " row ", i, " is ",
+                pi, ", expected < ", max_pos, " (the encoder's max_positions())");
+      }
+    }
+  }
+}
+
+/// validate() and resolve the defaults into a plan.
+template <class T, class E>
+attention_plan<T> make_plan(view<const T> q, view<const T> k, view<const T> v, view<T> out,
+                            E const& enc, attention_options<T> const& opt) {
+  validate(q, k, v, out, enc, opt);
+  attention_plan<T> p;
+  p.batch = q.batch;
+  p.q_len = q.seq;
+  p.k_len = k.seq;
+  p.q_heads = q.heads;
+  p.kv_heads = k.heads;
+  p.group = k.heads > 0 ? std::max<index_t>(1, q.heads / k.heads) : 1;
+  p.head_dim = q.dim;
+  p.value_dim = v.dim;
+  p.scale = opt.scale ? *opt.scale : (q.dim > 0 ? 1.0 / std::sqrt(static_cast<double>(q.dim)) : 1.0);
+  p.softcap = opt.softcap;
+  p.window = opt.sliding_window;
+  p.causal = opt.causal || opt.sliding_window > 0;
+  p.k_valid.assign(static_cast<std::size_t>(p.batch), p.k_len);
+  if (!opt.key_lengths.empty()) {
+    for (index_t b = 0; b < p.batch; ++b) {
+      p.k_valid[b] = opt.key_lengths[b];
+      p.has_padding = p.has_padding || p.k_valid[b] < p.k_len;
+    }
+  }
+  p.q_pos.resize(static_cast<std::size_t>(p.batch * p.q_len));
+  for (index_t b = 0; b < p.batch; ++b)
+    for (index_t i = 0; i < p.q_len; ++i)
+      p.q_pos[b * p.q_len + i] =
+          opt.q_positions ? opt.q_positions->at(b, i) : p.k_valid[b] - p.q_len + i;
+  if (opt.k_positions) {
+    bool indices = true;
+    p.k_pos.resize(static_cast<std::size_t>(p.batch * p.k_len));
+    for (index_t b = 0; b < p.batch; ++b)
+      for (index_t j = 0; j < p.k_len; ++j) {
+        index_t const pj = opt.k_positions->at(b, j);
+        p.k_pos[b * p.k_len + j] = pj;
+        indices = indices && pj == j;
+      }
+    p.keys_are_indices = indices;
+    if (indices) p.k_pos.clear();
+  }
+  p.mask = opt.mask;
+  p.bool_mask = opt.bool_mask;
+  p.lse = opt.lse;
+  p.scores = opt.scores;
+  p.stage = opt.scores_stage;
+  p.threads = opt.threads;
+  return p;
+}
+
+}  // namespace posenc::detail

@@ -1,0 +1,109 @@
+// SPDX-License-Identifier: MIT
+// path::reference: scalar attention with double accumulation, the oracle of every other path.
+#pragma once
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "posenc/attention/plan.hpp"
+#include "posenc/core/threading.hpp"
+
+namespace posenc::detail {
+
+/// Scalar attention following FORMULAS 5.1 step by step. Dot products,
+/// softmax and the weighted sum of values accumulate in `Acc` (double for
+/// path::reference; float gives the "plain float implementation" the tests
+/// use to set their tolerance). Encoder hooks work in T.
+template <class Acc, class T, class E>
+void reference_attention(attention_plan<T> const& p, view<const T> q, view<const T> k,
+                         view<const T> v, view<T> out, E const& enc) {
+  using traits = encoder_traits<E>;
+  index_t const Sq = p.q_len, Sk = p.k_len, D = p.head_dim, Dv = p.value_dim;
+  Acc const scale = static_cast<Acc>(p.scale);
+  Acc const cap = static_cast<Acc>(p.softcap);
+  Acc const ninf = -std::numeric_limits<Acc>::infinity();
+  parallel_for(p.batch * p.q_heads, p.threads, [&](index_t bh) {
+    index_t const b = bh / p.q_heads, h = bh % p.q_heads, hk = p.kv_head(h);
+    std::vector<Acc> s(static_cast<std::size_t>(Sk)), acc(static_cast<std::size_t>(Dv));
+    std::vector<T> tmp(static_cast<std::size_t>(Sk)), prob(static_cast<std::size_t>(Sk));
+    std::vector<T> extra(static_cast<std::size_t>(Dv));
+    auto capture = [&](index_t i, score_stage stage) {
+      if (p.scores && p.stage == stage) {
+        T* row = p.scores_row(b, h, i);
+        for (index_t j = 0; j < Sk; ++j) row[j] = static_cast<T>(s[j]);
+      }
+    };
+    for (index_t i = 0; i < Sq; ++i) {
+      T const* qi = q.ptr(b, i, h);
+      for (index_t j = 0; j < Sk; ++j) {
+        T const* kj = k.ptr(b, j, hk);
+        Acc dot = 0;
+        for (index_t d = 0; d < D; ++d) dot += static_cast<Acc>(qi[d]) * static_cast<Acc>(kj[d]);
+        s[j] = scale * dot;
+      }
+      if constexpr (traits::relative_key_value) {
+        encoder_terms(p, enc, qi, b, h, i, 0, Sk, true, false, tmp.data());
+        for (index_t j = 0; j < Sk; ++j) s[j] += static_cast<Acc>(tmp[j]);
+      }
+      capture(i, score_stage::raw);
+      if (cap > 0) {
+        for (index_t j = 0; j < Sk; ++j) s[j] = cap * std::tanh(s[j] / cap);
+      }
+      capture(i, score_stage::softcapped);
+      if constexpr (traits::biases_scores) {
+        encoder_terms(p, enc, qi, b, h, i, 0, Sk, false, true, tmp.data());
+        for (index_t j = 0; j < Sk; ++j) s[j] += static_cast<Acc>(tmp[j]);
+      }
+      apply_masks(p, b, h, i, 0, Sk, s.data());
+      capture(i, score_stage::biased);
+
+      Acc m = ninf;
+      for (index_t j = 0; j < Sk; ++j) m = s[j] > m ? s[j] : m;
+      T* oi = out.ptr(b, i, h);
+      if (m == ninf) {  // no visible key: zeros, lse = -inf (FORMULAS 5.4)
+        for (index_t d = 0; d < Dv; ++d) oi[d] = T(0);
+        p.set_lse(b, h, i, -std::numeric_limits<T>::infinity());
+        for (index_t j = 0; j < Sk; ++j) s[j] = 0;
+        capture(i, score_stage::probabilities);
+        continue;
+      }
+      Acc sum = 0;
+      for (index_t j = 0; j < Sk; ++j) {
+        s[j] = s[j] == ninf ? Acc(0) : std::exp(s[j] - m);
+        sum += s[j];
+      }
+      for (index_t j = 0; j < Sk; ++j) s[j] /= sum;
+      for (index_t d = 0; d < Dv; ++d) acc[d] = 0;
+      for (index_t j = 0; j < Sk; ++j) {
+        if (s[j] == 0) continue;
+        T const* vj = v.ptr(b, j, hk);
+        for (index_t d = 0; d < Dv; ++d) acc[d] += s[j] * static_cast<Acc>(vj[d]);
+      }
+      if constexpr (traits::relative_key_value) {
+        for (index_t j = 0; j < Sk; ++j) prob[j] = static_cast<T>(s[j]);
+        for (index_t d = 0; d < Dv; ++d) extra[d] = T(0);
+        encoder_values(p, enc, prob.data(), b, i, 0, Sk, extra.data());
+        for (index_t d = 0; d < Dv; ++d) acc[d] += static_cast<Acc>(extra[d]);
+      }
+      for (index_t d = 0; d < Dv; ++d) oi[d] = static_cast<T>(acc[d]);
+      p.set_lse(b, h, i, static_cast<T>(m + std::log(sum)));
+      capture(i, score_stage::probabilities);
+    }
+  });
+}
+
+/// path::reference: the double-accumulating oracle.
+template <>
+struct kernel<path::reference> {
+  static constexpr bool available = true;
+  static constexpr bool provides_scores = true;
+  static constexpr bool rotates_itself = false;
+  template <class T, class E>
+  static void run(attention_plan<T> const& p, view<const T> q, view<const T> k, view<const T> v,
+                  view<T> out, E const& enc) {
+    reference_attention<double>(p, q, k, v, out, enc);
+  }
+};
+
+}  // namespace posenc::detail

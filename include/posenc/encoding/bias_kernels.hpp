@@ -1,0 +1,191 @@
+// SPDX-License-Identifier: MIT
+// Row kernels and checks shared by the relative-position encoders (ALiBi, T5, clipped, Shaw).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <type_traits>
+#include <vector>
+
+#include <Eigen/Core>
+
+#include "posenc/core/error.hpp"
+#include "posenc/core/simd.hpp"
+#include "posenc/core/span.hpp"
+
+// Keeps a row hook (bias_row, score_row, value_row) out of its caller. Inlined
+// next to a caller's fixed-size buffer (a q vector of 8 floats, a 4096-float
+// row filled in tiles of 128), GCC 12 warns (-Warray-bounds,
+// -Waggressive-loop-optimizations) about SIMD lanes on paths the run-time
+// length rules out, which breaks -Werror builds of user code. One call per
+// row or tile costs a few cycles against the >= 100 of filling it.
+#if defined(__GNUC__) || defined(__clang__)
+#define POSENC_ROW_NOINLINE __attribute__((noinline))
+#else
+#define POSENC_ROW_NOINLINE __attribute__((noinline))
+#endif
+
+namespace posenc {
+
+/// A learned table as the reference models store it: rows = relative
+/// positions (buckets, clipped distances), columns = heads or head_dim;
+/// row-major. Any Eigen matrix or `Eigen::Map` converts to
+/// `Eigen::Ref<const relative_table<T>>` (column-major ones are copied).
+template <class T>
+using relative_table = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+namespace detail::rel {
+
+// The loops below run over n / w full batches, then over a tail of n % w
+// lanes indexed from its own start: bounds a compiler can see are < w, so that
+// no "iteration ... invokes undefined behavior" or array-bounds warning arises
+// when a hook is inlined next to a caller's fixed-size buffer.
+
+/// out[0..n) += v. Runs of keys that share one bias (saturated T5 buckets,
+/// clipped distances) come here, so it is a plain SIMD loop.
+template <class T>
+inline void add_constant(T* out, index_t n, T v) noexcept {
+  constexpr index_t w = simd::width<T>;
+  auto const vb = simd::broadcast<T>(v);
+  index_t const full = n / w;
+  for (index_t b = 0; b < full; ++b) simd::store(out + b * w, simd::load(out + b * w) + vb);
+  T* tail = out + full * w;
+  for (index_t t = 0; t < n % w; ++t) tail[t] += v;
+}
+
+/// out[0..n) += in[0..n).
+template <class T>
+inline void add_array(T* out, T const* in, index_t n) noexcept {
+  constexpr index_t w = simd::width<T>;
+  index_t const full = n / w;
+  for (index_t b = 0; b < full; ++b) simd::store(out + b * w, simd::load(out + b * w) + simd::load(in + b * w));
+  T* tail = out + full * w;
+  T const* in_tail = in + full * w;
+  for (index_t t = 0; t < n % w; ++t) tail[t] += in_tail[t];
+}
+
+/// out[0..n) += a * x[0..n).
+template <class T>
+inline void add_scaled(T* out, T a, T const* x, index_t n) noexcept {
+  constexpr index_t w = simd::width<T>;
+  auto const ab = simd::broadcast<T>(a);
+  index_t const full = n / w;
+  for (index_t b = 0; b < full; ++b)
+    simd::store(out + b * w, simd::fma(ab, simd::load(x + b * w), simd::load(out + b * w)));
+  T* tail = out + full * w;
+  T const* x_tail = x + full * w;
+  for (index_t t = 0; t < n % w; ++t) tail[t] += a * x_tail[t];
+}
+
+/// sum_i a[i] * b[i].
+template <class T>
+inline T dot(T const* a, T const* b, index_t n) noexcept {
+  constexpr index_t w = simd::width<T>;
+  index_t const full = n / w;
+  T s = T(0);
+  if (full > 0) {
+    auto acc = simd::broadcast<T>(T(0));
+    for (index_t k = 0; k < full; ++k) acc = simd::fma(simd::load(a + k * w), simd::load(b + k * w), acc);
+    s = simd::reduce_add(acc);
+  }
+  T const* a_tail = a + full * w;
+  T const* b_tail = b + full * w;
+  for (index_t t = 0; t < n % w; ++t) s += a_tail[t] * b_tail[t];
+  return s;
+}
+
+/// sum_i x[i].
+template <class T>
+inline T sum(T const* x, index_t n) noexcept {
+  constexpr index_t w = simd::width<T>;
+  index_t const full = n / w;
+  T s = T(0);
+  if (full > 0) {
+    auto acc = simd::load(x);
+    for (index_t k = 1; k < full; ++k) acc = acc + simd::load(x + k * w);
+    s = simd::reduce_add(acc);
+  }
+  T const* tail = x + full * w;
+  for (index_t t = 0; t < n % w; ++t) s += tail[t];
+  return s;
+}
+
+/// Clamps x into [-k, k] (k >= 0) without overflow for any x.
+inline index_t clip_distance(index_t x, index_t k) noexcept { return x < -k ? -k : (x > k ? k : x); }
+
+/// Number of keys from delta `d` (inclusive) up to `end` (exclusive), end > d,
+/// computed in unsigned arithmetic so that far-apart values cannot overflow.
+inline std::uint64_t run_length(index_t d, index_t end) noexcept {
+  return static_cast<std::uint64_t>(end) - static_cast<std::uint64_t>(d);
+}
+
+/// Throws unless `pos` >= 0.
+inline void check_position(char const* where, char const* name, index_t pos) {
+  require(pos >= 0, where, name, " is ", pos, ", expected >= 0");
+}
+
+/// Throws unless 0 <= head < heads.
+inline void check_head(char const* where, index_t head, index_t heads) {
+  require(head >= 0 && head < heads, where, "head is ", head, ", expected 0 .. ", heads - 1);
+}
+
+/// Throws unless the table is rows x cols.
+template <class T>
+void check_table_shape(char const* where, char const* name, Eigen::Ref<const relative_table<T>> const& t,
+                       index_t rows, index_t cols, char const* what) {
+  require(t.rows() == rows && t.cols() == cols, where, name, " shape is (", t.rows(), ", ", t.cols(),
+          "), expected (", rows, ", ", cols, ") ", what);
+  for (index_t r = 0; r < t.rows(); ++r)
+    for (index_t c = 0; c < t.cols(); ++c)
+      require(std::isfinite(static_cast<double>(t(r, c))), where, name, "(", r, ", ", c, ") is ", t(r, c),
+              ", expected a finite number");
+}
+
+/// Column-major copy of a (rows x cols) table: out[c * rows + r] = t(r, c), so
+/// that one head's values over the relative positions are contiguous.
+template <class T>
+std::vector<T> transpose_table(Eigen::Ref<const relative_table<T>> const& t) {
+  std::vector<T> out(static_cast<std::size_t>(t.rows() * t.cols()));
+  for (index_t r = 0; r < t.rows(); ++r)
+    for (index_t c = 0; c < t.cols(); ++c) out[static_cast<std::size_t>(c * t.rows() + r)] = t(r, c);
+  return out;
+}
+
+/// Row-major copy of a table.
+template <class T>
+std::vector<T> copy_table(Eigen::Ref<const relative_table<T>> const& t) {
+  std::vector<T> out(static_cast<std::size_t>(t.rows() * t.cols()));
+  for (index_t r = 0; r < t.rows(); ++r)
+    for (index_t c = 0; c < t.cols(); ++c) out[static_cast<std::size_t>(r * t.cols() + c)] = t(r, c);
+  return out;
+}
+
+/// A (rows x cols) table of normal(0, stddev) values truncated to +-2 stddev
+/// (resampled), from a 64-bit Mersenne Twister seeded with `seed` and the
+/// Box-Muller transform: the same numbers on every platform and standard library.
+template <class T>
+relative_table<T> seeded_normal_table(char const* where, index_t rows, index_t cols, std::uint64_t seed,
+                                      double stddev) {
+  require(std::isfinite(stddev) && stddev >= 0.0, where, "stddev is ", stddev, ", expected a finite number >= 0");
+  relative_table<T> t(rows, cols);
+  std::mt19937_64 gen(seed);
+  auto uniform = [&gen] {  // (0, 1]: 53 random bits
+    return (static_cast<double>(gen() >> 11) + 1.0) * (1.0 / 9007199254740992.0);
+  };
+  double const two_pi = 6.283185307179586476925286766559;
+  for (index_t r = 0; r < rows; ++r) {
+    for (index_t c = 0; c < cols; ++c) {
+      double z = 0.0;
+      do {
+        z = std::sqrt(-2.0 * std::log(uniform())) * std::cos(two_pi * uniform());
+      } while (std::abs(z) > 2.0);
+      t(r, c) = static_cast<T>(z * stddev);
+    }
+  }
+  return t;
+}
+
+}  // namespace detail::rel
+}  // namespace posenc

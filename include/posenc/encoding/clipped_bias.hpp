@@ -1,0 +1,127 @@
+// SPDX-License-Identifier: MIT
+// Clipped relative bias: a learned scalar per head and clipped key-query distance.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "posenc/core/error.hpp"
+#include "posenc/core/span.hpp"
+#include "posenc/encoding/bias_kernels.hpp"
+#include "posenc/encoding/traits.hpp"
+
+namespace posenc {
+
+/// Clipped scalar relative bias (FORMULAS 4.4), the 1-D form of Swin's
+/// relative position bias:
+/// `bias(h, i, j) = table[clip(p_j - p_i, -K, K) + K, h]` with a table of
+/// shape (2K + 1, heads). Row r holds distance key - query = r - K. A
+/// Swin-style table (indexed by query - key) maps onto this one by reversing
+/// its rows (row r <-> row 2K - r).
+///
+/// bias_row splits a row of keys into three runs: keys at distance <= -K (one
+/// value), the |distance| < K window (a contiguous slice of the head's table
+/// column), keys at distance >= K (one value).
+/// @tparam T float or double.
+template <class T = float>
+class clipped_bias {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
+                "posenc::clipped_bias: T must be float or double");
+
+ public:
+  using value_type = T;
+  using table_type = relative_table<T>;
+
+  /// Clip distance `max_distance` (K >= 0) and a learned (2K + 1, heads) table.
+  clipped_bias(index_t max_distance, index_t heads, Eigen::Ref<const table_type> const& table)
+      : k_(max_distance), heads_(heads) {
+    check_params("posenc::clipped_bias");
+    detail::rel::check_table_shape<T>("posenc::clipped_bias", "table", table, 2 * k_ + 1, heads_,
+                                 "(2 * max_distance + 1, heads)");
+    table_t_ = detail::rel::transpose_table<T>(table);
+  }
+
+  /// A seeded (2K + 1, heads) table: normal(0, stddev) truncated at +-2 stddev
+  /// (Swin initialises with a truncated normal of std 0.02).
+  clipped_bias(index_t max_distance, index_t heads, std::uint64_t seed, double stddev = 0.02)
+      : k_(max_distance), heads_(heads) {
+    check_params("posenc::clipped_bias");
+    auto t = detail::rel::seeded_normal_table<T>("posenc::clipped_bias", 2 * k_ + 1, heads_, seed, stddev);
+    table_t_ = detail::rel::transpose_table<T>(t);
+  }
+
+  /// K: distances are clipped to [-K, K].
+  index_t max_distance() const noexcept { return k_; }
+  index_t heads() const noexcept { return heads_; }
+  /// Any position works.
+  index_t max_positions() const noexcept { return 0; }
+
+  /// Table entry (row, head); row = clipped distance + K.
+  T weight(index_t row, index_t head) const {
+    detail::require(row >= 0 && row <= 2 * k_, "posenc::clipped_bias::weight", "row is ", row, ", expected 0 .. ",
+                    2 * k_);
+    detail::rel::check_head("posenc::clipped_bias::weight", head, heads_);
+    return table_t_[static_cast<std::size_t>(head * (2 * k_ + 1) + row)];
+  }
+
+  /// table[clip(k_pos - q_pos, -K, K) + K, head].
+  T bias(index_t head, index_t q_pos, index_t k_pos) const {
+    check_call("posenc::clipped_bias::bias", head, q_pos, k_pos);
+    return table_t_[static_cast<std::size_t>(head * (2 * k_ + 1) + detail::rel::clip_distance(k_pos - q_pos, k_) + k_)];
+  }
+
+  /// Hook: out[j] += bias(head, q_pos, k_pos_first + j), j in [0, count). Unchecked.
+  POSENC_ROW_NOINLINE void bias_row(index_t head, index_t q_pos, index_t k_pos_first, index_t count,
+                                    T* out) const noexcept {
+    POSENC_ASSERT(head >= 0 && head < heads_, "clipped_bias::bias_row: head out of range");
+    if (count <= 0) return;
+    T const* col = table_t_.data() + head * (2 * k_ + 1);  // (2K + 1): distance -K .. K
+    index_t d = k_pos_first - q_pos;
+    index_t j = 0;
+    if (d <= -k_) {  // keys at distance <= -K: row 0 (for K = 0: every key)
+      std::uint64_t const run = detail::rel::run_length(d, -k_ + 1);
+      index_t const len = run < static_cast<std::uint64_t>(count) ? static_cast<index_t>(run) : count;
+      detail::rel::add_constant(out, len, col[0]);
+      j = len;
+      d += len;
+    }
+    if (j < count && d < k_) {  // -K < d < K: one row per key
+      index_t const len = std::min(count - j, k_ - d);
+      detail::rel::add_array(out + j, col + (d + k_), len);
+      j += len;
+      d += len;
+    }
+    if (j < count) detail::rel::add_constant(out + j, count - j, col[2 * k_]);  // distance >= K
+  }
+
+  /// Checked bias_row over `out`; throws posenc::error before writing anything.
+  void add_bias(index_t head, index_t q_pos, index_t k_pos_first, span<T> out) const {
+    check_call("posenc::clipped_bias::add_bias", head, q_pos, k_pos_first);
+    bias_row(head, q_pos, k_pos_first, out.size(), out.data());
+  }
+
+ private:
+  void check_params(char const* where) const {
+    detail::require(k_ >= 0, where, "max_distance is ", k_, ", expected >= 0");
+    detail::require(heads_ >= 1, where, "heads is ", heads_, ", expected >= 1");
+  }
+
+  void check_call(char const* where, index_t head, index_t q_pos, index_t k_pos) const {
+    detail::rel::check_head(where, head, heads_);
+    detail::rel::check_position(where, "q_pos", q_pos);
+    detail::rel::check_position(where, "k_pos", k_pos);
+  }
+
+  index_t k_, heads_;
+  std::vector<T> table_t_;  // (heads, 2K + 1): one head's distances contiguous
+};
+
+template <class T>
+struct encoder_traits<clipped_bias<T>> {
+  static constexpr bool adds_to_embeddings = false, rotates_queries_keys = false;
+  static constexpr bool biases_scores = true, relative_key_value = false;
+  static constexpr bool is_relative = true;
+};
+
+}  // namespace posenc

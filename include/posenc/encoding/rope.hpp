@@ -1,0 +1,577 @@
+// SPDX-License-Identifier: MIT
+// rope<T>: rotary position embedding, both pair layouts, partial rotary, every scaling, caller caches.
+//
+// Angles are computed at least in double (theta'_k in long double, the product
+// pos * theta'_k as an exact double-double, cos/sin in double) and only the
+// final cos/sin are rounded to T (FORMULAS 3.1). One cos/sin row per
+// token is shared by all heads; the rotation of a head row is an xsimd kernel
+// (see "Rotation kernels" below) with a scalar reference kept for the tests.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <optional>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "posenc/core/aligned_buffer.hpp"
+#include "posenc/core/error.hpp"
+#include "posenc/core/positions.hpp"
+#include "posenc/core/simd.hpp"
+#include "posenc/core/span.hpp"
+#include "posenc/core/threading.hpp"
+#include "posenc/core/view.hpp"
+#include "posenc/encoding/rope_scaling.hpp"
+#include "posenc/encoding/traits.hpp"
+
+namespace posenc {
+
+/// cos/sin values supplied by the caller instead of computed from theta, as
+/// the ONNX RotaryEmbedding op and TensorRT take them. The values are used as
+/// given (they need not satisfy cos^2 + sin^2 = 1, and no attention factor is
+/// applied). Each row holds `width` = rotary_dim / 2 values, one per pair k,
+/// row-major and contiguous. Non-owning.
+template <class T>
+struct rope_cache {
+  T const* cos = nullptr;
+  T const* sin = nullptr;
+  /// Rows: positions covered (by position), or batch * seq (per token).
+  index_t rows = 0;
+  /// Values per row: rotary_dim / 2.
+  index_t width = 0;
+  /// Per token only: the (batch, seq) grid the rows follow.
+  index_t batch = 0, seq = 0;
+  bool is_per_token = false;
+
+  /// Rows indexed by position id: (rows, width), row p used for a token at position p.
+  static rope_cache by_position(T const* cos, T const* sin, index_t rows, index_t width) noexcept {
+    rope_cache c;
+    c.cos = cos;
+    c.sin = sin;
+    c.rows = rows;
+    c.width = width;
+    return c;
+  }
+  /// One row per token: (batch, seq, width).
+  static rope_cache per_token(T const* cos, T const* sin, index_t batch, index_t seq, index_t width) noexcept {
+    rope_cache c;
+    c.cos = cos;
+    c.sin = sin;
+    c.rows = batch * seq;
+    c.width = width;
+    c.batch = batch;
+    c.seq = seq;
+    c.is_per_token = true;
+    return c;
+  }
+};
+
+namespace detail {
+
+// ---------------------------------------------------------------------------
+// Rotation kernels. Every pair (a, b) with cos c and sin s becomes
+//   a' = fma(a, c, -(b * s)),   b' = fma(b, c, a * s)
+// and the inverse (angle -phi)
+//   a' = fma(a, c,   b * s) * g,    b' = fma(b, c, -(a * s)) * g
+// where g = 1 / a^2 undoes an attention factor a folded into c and s.
+// The scalar reference and both SIMD layouts round identically, so on an
+// instruction set with FMA they agree bit for bit, and the two layouts agree
+// exactly under the pair permutation.
+
+/// Scalar reference for one head row: rotates the first r components of `in`
+/// into `out` (may alias). c, s: r/2 values, one per pair. `g` scales the
+/// inverse rotation only.
+template <class T>
+void rope_rotate_scalar(rope_layout layout, T* out, T const* in, T const* c, T const* s, index_t r, bool inverse,
+                        T g = T(1)) noexcept {
+  index_t const h = r / 2;
+  for (index_t k = 0; k < h; ++k) {
+    index_t const i0 = layout == rope_layout::half_split ? k : 2 * k;
+    index_t const i1 = layout == rope_layout::half_split ? k + h : 2 * k + 1;
+    T const a = in[i0], b = in[i1];
+    if (!inverse) {
+      out[i0] = std::fma(a, c[k], -(b * s[k]));
+      out[i1] = std::fma(b, c[k], a * s[k]);
+    } else {
+      out[i0] = std::fma(a, c[k], b * s[k]) * g;
+      out[i1] = std::fma(b, c[k], -(a * s[k])) * g;
+    }
+  }
+}
+
+/// Half-split layout: two contiguous halves [0, h) and [h, 2h); c, s hold h values.
+template <bool Inverse, class Arch, class T>
+void rope_rotate_half(T* out, T const* in, T const* c, T const* s, index_t h, T g) noexcept {
+  using B = simd::batch<T, Arch>;
+  constexpr index_t W = simd::width<T, Arch>;
+  B const gg(g);
+  auto step = [&gg](B const& a, B const& b, B const& cc, B const& ss, B& na, B& nb) {
+    if constexpr (!Inverse) {
+      na = simd::fma(a, cc, -(b * ss));
+      nb = simd::fma(b, cc, a * ss);
+    } else {
+      na = simd::fma(a, cc, b * ss) * gg;
+      nb = simd::fma(b, cc, -(a * ss)) * gg;
+    }
+  };
+  index_t k = 0;
+  for (; k + W <= h; k += W) {
+    B const a = simd::load<T, Arch>(in + k), b = simd::load<T, Arch>(in + h + k);
+    B const cc = simd::load<T, Arch>(c + k), ss = simd::load<T, Arch>(s + k);
+    B na, nb;
+    step(a, b, cc, ss, na, nb);
+    simd::store(out + k, na);
+    simd::store(out + h + k, nb);
+  }
+  if (k < h) {
+    index_t const n = h - k;
+    B const a = simd::load_partial<T, Arch>(in + k, n), b = simd::load_partial<T, Arch>(in + h + k, n);
+    B const cc = simd::load_partial<T, Arch>(c + k, n), ss = simd::load_partial<T, Arch>(s + k, n);
+    B na, nb;
+    step(a, b, cc, ss, na, nb);
+    simd::store_partial(out + k, na, n);
+    simd::store_partial(out + h + k, nb, n);
+  }
+}
+
+/// Interleaved layout: x' = fma(x, C, swap_pairs(x) * S) with C = [c0, c0, c1, c1, ...]
+/// and S = [-s0, s0, -s1, s1, ...] (r values each).
+template <bool Inverse, class Arch, class T>
+void rope_rotate_interleaved(T* out, T const* in, T const* c, T const* s, index_t r, T g) noexcept {
+  using B = simd::batch<T, Arch>;
+  constexpr index_t W = simd::width<T, Arch>;
+  B const gg(g);
+  auto step = [&gg](B const& x, B const& cc, B const& ss) {
+    B const sw = simd::swap_pairs(x);
+    if constexpr (!Inverse) {
+      return simd::fma(x, cc, sw * ss);
+    } else {
+      return simd::fma(x, cc, -(sw * ss)) * gg;
+    }
+  };
+  index_t k = 0;
+  for (; k + W <= r; k += W)
+    simd::store(out + k, step(simd::load<T, Arch>(in + k), simd::load<T, Arch>(c + k), simd::load<T, Arch>(s + k)));
+  if (k < r) {  // r and W are even, so the tail holds whole pairs
+    index_t const n = r - k;
+    simd::store_partial(out + k,
+                        step(simd::load_partial<T, Arch>(in + k, n), simd::load_partial<T, Arch>(c + k, n),
+                             simd::load_partial<T, Arch>(s + k, n)),
+                        n);
+  }
+}
+
+}  // namespace detail
+
+/// Rotary position embedding (Su et al. 2021) for element type T (float or double).
+///
+/// Rotates the first `rotary_dim` components of every query/key head by
+/// angles pos * theta'_k (FORMULAS 3), in the pair layout the checkpoint was
+/// trained with; the remaining head_dim - rotary_dim components pass through.
+/// A scaling rule gives theta'_k and an attention factor that multiplies cos
+/// and sin.
+///
+/// The current length. Dynamic NTK and LongRoPE pick their frequencies from
+/// the current sequence length L (HF: max(position_ids) + 1). posenc never
+/// keeps it as hidden state: every call takes it (the overloads without it
+/// use the largest position + 1). Keys already in a KV cache keep the
+/// rotation they were given with the length of their own call; re-rotate them
+/// with rotate_inverse(old length) + rotate(new length) to reproduce a full
+/// prefill.
+///
+/// Threads and caching. rotate() is const and safe to call from many threads
+/// at once. `reserve(n)` pre-builds the cos/sin rows of positions [0, n)
+/// (call it before sharing the object: it is not safe during concurrent
+/// rotate calls); without it, or for positions past the table or a length
+/// that selects other frequencies, rows are computed per token in double.
+///
+/// @tparam T float or double.
+template <class T = float>
+class rope {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
+                "posenc::rope: T must be float or double; widen half-precision data to float");
+
+ public:
+  using value_type = T;
+
+  /// @param layout pair layout of the checkpoint (required: no default).
+  /// @param head_dim components per head.
+  /// @param options rotary_dim (even, <= head_dim; default head_dim), base (> 1),
+  ///        scaling, threads (>= 0). Everything is checked here.
+  rope(rope_layout layout, index_t head_dim, rope_options const& options = {})
+      : layout_(layout),
+        head_dim_(head_dim),
+        rotary_dim_(options.rotary_dim.value_or(head_dim)),
+        base_(options.base),
+        scaling_(options.scaling),
+        threads_(options.threads) {
+    char const* const where = "posenc::rope";
+    detail::require(layout == rope_layout::half_split || layout == rope_layout::interleaved, where, "layout is ",
+                    static_cast<int>(layout), ", expected rope_layout::half_split or rope_layout::interleaved");
+    detail::require(head_dim > 0, where, "head_dim is ", head_dim, ", expected > 0");
+    detail::require(rotary_dim_ > 0 && rotary_dim_ % 2 == 0, where, "rotary_dim is ", rotary_dim_,
+                    ", expected an even number >= 2");
+    detail::require(rotary_dim_ <= head_dim, where, "rotary_dim is ", rotary_dim_, ", expected <= head_dim (",
+                    head_dim, ")");
+    detail::require(std::isfinite(base_) && base_ > 1.0, where, "base is ", base_, ", expected a finite number > 1");
+    detail::require(threads_ >= 0, where, "threads is ", threads_, ", expected >= 0 (0 = default)");
+    detail::check_rope_scaling(where, scaling_, rotary_dim_);
+    fixed_ = compute_rope_frequencies(scaling_, rotary_dim_, base_, 0);
+    if (scaling_.type == rope_scaling_type::longrope)
+      long_ = compute_rope_frequencies(scaling_, rotary_dim_, base_, scaling_.original_max_position_embeddings + 1);
+  }
+
+  /// From Hugging Face style parameters (see rope_options_from_hf for the keys and defaults).
+  rope(rope_layout layout, index_t head_dim, hf_rope_params const& params, int threads = 1)
+      : rope(layout, head_dim, with_threads(rope_options_from_hf(params, head_dim), threads)) {}
+
+  rope_layout layout() const noexcept { return layout_; }
+  index_t head_dim() const noexcept { return head_dim_; }
+  index_t rotary_dim() const noexcept { return rotary_dim_; }
+  double base() const noexcept { return base_; }
+  rope_scaling const& scaling() const noexcept { return scaling_; }
+  int threads() const noexcept { return threads_; }
+  /// Threads of one call (0 = OpenMP default, 1 = serial).
+  void set_threads(int threads) {
+    detail::require(threads >= 0, "posenc::rope::set_threads", "threads is ", threads, ", expected >= 0");
+    threads_ = threads;
+  }
+  /// Any position works.
+  index_t max_positions() const noexcept { return 0; }
+
+  /// theta'_k (k < rotary_dim / 2) and the attention factor at current length `length`.
+  rope_frequencies frequencies(index_t length) const {
+    rope_frequencies storage;
+    return frequencies_into(length, storage);
+  }
+
+  /// The cos and sin (rotary_dim / 2 values each, attention factor applied,
+  /// rounded to T) that rotate a token at `position` when the current length is `length`.
+  void cos_sin(index_t position, index_t length, T* cos, T* sin) const {
+    char const* const where = "posenc::rope::cos_sin";
+    detail::require(position >= 0, where, "position is ", position, ", expected >= 0");
+    detail::require(length > position, where, "length is ", length, ", expected > ", position, " (position)");
+    rope_frequencies storage;
+    auto const& f = frequencies_into(length, storage);
+    for (index_t k = 0; k < rotary_dim_ / 2; ++k) {
+      double c = 0, s = 0;
+      rope_angle_cos_sin(position, f.inv_freq[static_cast<std::size_t>(k)], f.inv_freq_lo[static_cast<std::size_t>(k)],
+                         c, s);
+      cos[k] = static_cast<T>(f.attention_factor * c);
+      sin[k] = static_cast<T>(f.attention_factor * s);
+    }
+  }
+
+  /// Pre-builds the cos/sin rows of positions [0, positions) for calls whose
+  /// frequencies equal those at `length` (default: positions). Not safe during
+  /// concurrent rotate calls; rotate itself only reads the table.
+  void reserve(index_t positions) { reserve(positions, positions); }
+  void reserve(index_t positions, index_t length) {
+    char const* const where = "posenc::rope::reserve";
+    detail::require(positions >= 0, where, "positions is ", positions, ", expected >= 0");
+    detail::require(length >= positions, where, "length is ", length, ", expected >= ", positions, " (positions)");
+    rope_frequencies f = frequencies(length);
+    index_t const rl = row_len();
+    aligned_buffer<T> table(positions * rl);
+    T* const t = table.data();
+    parallel_for((positions + 255) / 256, threads_, [&](index_t blk) {
+      index_t const p1 = std::min(positions, (blk + 1) * 256);
+      for (index_t p = blk * 256; p < p1; ++p) compute_row(p, f, t + p * rl);
+    });
+    table_ = std::move(table);
+    table_rows_ = positions;
+    table_freqs_ = std::move(f);
+  }
+  /// Positions covered by the reserved table.
+  index_t reserved() const noexcept { return table_rows_; }
+
+  // --- rotation with computed angles ------------------------------------
+
+  /// In place on x (batch, seq, head, dim), dim contiguous, any other strides.
+  /// `length`: the current sequence length (>= largest position + 1); it
+  /// selects the frequencies of dynamic NTK and LongRoPE. This is the hook the
+  /// attention kernels call.
+  void rotate(view<T> x, position_span pos, index_t length) const {
+    run("posenc::rope::rotate", x, x, nullptr, pos, &length, false);
+  }
+  /// In place, length = largest position + 1.
+  void rotate(view<T> x, position_span pos) const { run("posenc::rope::rotate", x, x, nullptr, pos, nullptr, false); }
+
+  /// Out of place: out = rotate(in); the pass-through tail is copied. `out`
+  /// must have in's shape and may be `in` itself, but not partially overlap it.
+  void rotate_copy(view<const T> in, view<T> out, position_span pos, index_t length) const {
+    run("posenc::rope::rotate_copy", in, out, nullptr, pos, &length, false);
+  }
+  void rotate_copy(view<const T> in, view<T> out, position_span pos) const {
+    run("posenc::rope::rotate_copy", in, out, nullptr, pos, nullptr, false);
+  }
+
+  /// Queries and keys in one call (same batch, seq and positions; head counts may differ, as in GQA).
+  void rotate_qk(view<T> q, view<T> k, position_span pos, index_t length) const {
+    run_qk("posenc::rope::rotate_qk", q, k, pos, &length);
+  }
+  void rotate_qk(view<T> q, view<T> k, position_span pos) const {
+    run_qk("posenc::rope::rotate_qk", q, k, pos, nullptr);
+  }
+
+  /// Un-rotates (angle -phi, divided by a^2 where a is the attention factor):
+  /// rotate_inverse(rotate(x)) == x up to rounding. Used to re-rotate cached
+  /// keys under a new length, and for gradients (the transpose of rotate is
+  /// a^2 * rotate_inverse; a = 1 except for YaRN and LongRoPE). With a caller
+  /// cache it applies the transpose (angle -phi, values as given), the inverse
+  /// when cos^2 + sin^2 = 1.
+  void rotate_inverse(view<T> x, position_span pos, index_t length) const {
+    run("posenc::rope::rotate_inverse", x, x, nullptr, pos, &length, true);
+  }
+  void rotate_inverse(view<T> x, position_span pos) const {
+    run("posenc::rope::rotate_inverse", x, x, nullptr, pos, nullptr, true);
+  }
+
+  // --- rotation with caller-supplied cos/sin ----------------------------
+
+  /// In place with a cache indexed by position id (rows must exceed the largest id).
+  void rotate(view<T> x, position_span pos, rope_cache<T> const& cache) const {
+    run("posenc::rope::rotate", x, x, &cache, pos, nullptr, false);
+  }
+  /// In place with a per-token cache (batch, seq, rotary_dim / 2).
+  void rotate(view<T> x, rope_cache<T> const& cache) const {
+    run("posenc::rope::rotate", x, x, &cache, position_span(0), nullptr, false, true);
+  }
+  void rotate_copy(view<const T> in, view<T> out, position_span pos, rope_cache<T> const& cache) const {
+    run("posenc::rope::rotate_copy", in, out, &cache, pos, nullptr, false);
+  }
+  void rotate_copy(view<const T> in, view<T> out, rope_cache<T> const& cache) const {
+    run("posenc::rope::rotate_copy", in, out, &cache, position_span(0), nullptr, false, true);
+  }
+  void rotate_inverse(view<T> x, position_span pos, rope_cache<T> const& cache) const {
+    run("posenc::rope::rotate_inverse", x, x, &cache, pos, nullptr, true);
+  }
+  void rotate_inverse(view<T> x, rope_cache<T> const& cache) const {
+    run("posenc::rope::rotate_inverse", x, x, &cache, position_span(0), nullptr, true, true);
+  }
+
+ private:
+  struct io {
+    view<const T> in;
+    view<T> out;
+  };
+
+  static rope_options with_threads(rope_options o, int threads) {
+    o.threads = threads;
+    return o;
+  }
+
+  index_t row_len() const noexcept { return layout_ == rope_layout::half_split ? rotary_dim_ : 2 * rotary_dim_; }
+
+  rope_frequencies const& frequencies_into(index_t length, rope_frequencies& storage) const {
+    if (scaling_.type == rope_scaling_type::dynamic && length > scaling_.max_position_embeddings) {
+      storage = compute_rope_frequencies(scaling_, rotary_dim_, base_, length);
+      return storage;
+    }
+    if (scaling_.type == rope_scaling_type::longrope && length > scaling_.original_max_position_embeddings)
+      return long_;
+    return fixed_;
+  }
+
+  /// Kernel-format row of position p: half-split [c (h), s (h)]; interleaved
+  /// [C (r) = c0 c0 c1 c1 ..., S (r) = -s0 s0 -s1 s1 ...].
+  void compute_row(index_t p, rope_frequencies const& f, T* row) const noexcept {
+    index_t const h = rotary_dim_ / 2;
+    for (index_t k = 0; k < h; ++k) {
+      double c = 0, s = 0;
+      rope_angle_cos_sin(p, f.inv_freq[static_cast<std::size_t>(k)], f.inv_freq_lo[static_cast<std::size_t>(k)], c, s);
+      put(row, k, static_cast<T>(f.attention_factor * c), static_cast<T>(f.attention_factor * s));
+    }
+  }
+
+  void put(T* row, index_t k, T c, T s) const noexcept {
+    if (layout_ == rope_layout::half_split) {
+      row[k] = c;
+      row[rotary_dim_ / 2 + k] = s;
+    } else {
+      row[2 * k] = c;
+      row[2 * k + 1] = c;
+      row[rotary_dim_ + 2 * k] = -s;
+      row[rotary_dim_ + 2 * k + 1] = s;
+    }
+  }
+
+  /// (c, s) pointers of a kernel-format row.
+  std::pair<T const*, T const*> split(T const* row) const noexcept {
+    return {row, row + (layout_ == rope_layout::half_split ? rotary_dim_ / 2 : rotary_dim_)};
+  }
+
+  /// Kernel-format row from a caller cache row (half-split uses it directly).
+  std::pair<T const*, T const*> cache_row(rope_cache<T> const& c, index_t row, T* scratch) const noexcept {
+    T const* cs = c.cos + row * c.width;
+    T const* sn = c.sin + row * c.width;
+    if (layout_ == rope_layout::half_split) return {cs, sn};
+    for (index_t k = 0; k < c.width; ++k) put(scratch, k, cs[k], sn[k]);
+    return split(scratch);
+  }
+
+  void check_x(char const* where, char const* name, view<const T> const& v) const {
+    detail::check_view(where, name, v);
+    detail::require(v.dim == head_dim_, where, name, ".dim is ", v.dim, ", expected ", head_dim_, " (rope head_dim)");
+  }
+
+  void check_cache(char const* where, rope_cache<T> const& c, position_span const& pos, index_t batch, index_t seq,
+                   bool by_position) const {
+    detail::require(c.width == rotary_dim_ / 2, where, "cache.width is ", c.width, ", expected ", rotary_dim_ / 2,
+                    " (rotary_dim / 2)");
+    detail::require(c.rows >= 0, where, "cache.rows is ", c.rows, ", expected >= 0");
+    detail::require((c.cos != nullptr && c.sin != nullptr) || c.rows * c.width == 0, where,
+                    "cache.cos or cache.sin is null, expected ", c.rows * c.width, " values each");
+    if (by_position) {
+      detail::require(!c.is_per_token, where,
+                      "cache is per token, expected a cache by position (call the overload without positions)");
+      index_t const m = pos.max_position(batch, seq);
+      detail::require(m < c.rows, where, "cache.rows is ", c.rows, ", expected > ", m, " (the largest position id)");
+    } else {
+      detail::require(c.is_per_token, where,
+                      "cache is by position, expected a per-token cache (or pass the position ids)");
+      detail::require(c.batch == batch && c.seq == seq, where, "cache is (", c.batch, ", ", c.seq,
+                      ") tokens, expected (", batch, ", ", seq, ") (x.batch, x.seq)");
+    }
+  }
+
+  void check_positions(char const* where, position_span const& pos, index_t batch, index_t seq,
+                       index_t const* length) const {
+    pos.validate(where, "pos", batch, seq);
+    if (length) {
+      index_t const m = pos.max_position(batch, seq);
+      detail::require(*length > m && *length >= 0, where, "length is ", *length, ", expected >= ", m + 1,
+                      " (largest position + 1)");
+    }
+  }
+
+  /// `per_token_call`: the overload without positions (a per-token cache is expected).
+  void run(char const* where, view<const T> in, view<T> out, rope_cache<T> const* cache, position_span pos,
+           index_t const* length, bool inverse, bool per_token_call = false) const {
+    bool const copy = static_cast<void const*>(in.data) != static_cast<void const*>(out.data);
+    check_x(where, copy ? "in" : "x", in);
+    if (copy) {
+      check_x(where, "out", out);
+      detail::check_equal(where, "out.batch", out.batch, in.batch, "in.batch");
+      detail::check_equal(where, "out.seq", out.seq, in.seq, "in.seq");
+      detail::check_equal(where, "out.heads", out.heads, in.heads, "in.heads");
+    }
+    io const ios[1] = {{in, out}};
+    dispatch(where, ios, 1, cache, per_token_call, pos, length, inverse);
+  }
+
+  void run_qk(char const* where, view<T> q, view<T> k, position_span pos, index_t const* length) const {
+    check_x(where, "q", q);
+    check_x(where, "k", k);
+    detail::check_equal(where, "k.batch", k.batch, q.batch, "q.batch");
+    detail::check_equal(where, "k.seq", k.seq, q.seq, "q.seq");
+    io const ios[2] = {{q, q}, {k, k}};
+    dispatch(where, ios, 2, nullptr, false, pos, length, false);
+  }
+
+  void dispatch(char const* where, io const* ios, int n_io, rope_cache<T> const* cache, bool per_token,
+                position_span pos, index_t const* length, bool inverse) const {
+    index_t const batch = ios[0].in.batch, seq = ios[0].in.seq;
+    if (!per_token) check_positions(where, pos, batch, seq, length);
+    if (cache) check_cache(where, *cache, pos, batch, seq, !per_token);
+    // Everything is checked: nothing below throws except allocation of the per-thread scratch.
+    if (batch == 0 || seq == 0) return;
+
+    if (cache) {
+      rope_cache<T> const c = *cache;
+      if (per_token) {
+        run_rows(ios, n_io, batch, seq, inverse, T(1),
+                 [&](index_t b, index_t s, T* scr) noexcept { return cache_row(c, b * seq + s, scr); });
+      } else {
+        run_rows(ios, n_io, batch, seq, inverse, T(1),
+                 [&](index_t b, index_t s, T* scr) noexcept { return cache_row(c, pos.at(b, s), scr); });
+      }
+      return;
+    }
+    index_t const len = length ? *length : pos.max_position(batch, seq) + 1;
+    rope_frequencies storage;
+    rope_frequencies const& f = frequencies_into(len, storage);
+    index_t const table_rows = (table_rows_ > 0 && f == table_freqs_) ? table_rows_ : 0;
+    T const* const table = table_.data();
+    index_t const rl = row_len();
+    // The inverse divides by a^2: the rows carry the attention factor a.
+    T const g = static_cast<T>(1.0 / (f.attention_factor * f.attention_factor));
+    run_rows(ios, n_io, batch, seq, inverse, g, [&](index_t b, index_t s, T* scr) noexcept {
+      index_t const p = pos.at(b, s);
+      if (p < table_rows) return split(table + p * rl);
+      compute_row(p, f, scr);
+      return split(scr);
+    });
+  }
+
+  template <class RowFn>
+  void run_rows(io const* ios, int n_io, index_t batch, index_t seq, bool inverse, T g, RowFn const& row_of) const {
+    if (layout_ == rope_layout::half_split) {
+      if (inverse)
+        run_layout<rope_layout::half_split, true>(ios, n_io, batch, seq, g, row_of);
+      else
+        run_layout<rope_layout::half_split, false>(ios, n_io, batch, seq, g, row_of);
+    } else {
+      if (inverse)
+        run_layout<rope_layout::interleaved, true>(ios, n_io, batch, seq, g, row_of);
+      else
+        run_layout<rope_layout::interleaved, false>(ios, n_io, batch, seq, g, row_of);
+    }
+  }
+
+  /// Tasks of `block` consecutive tokens of one batch entry; each token gets
+  /// its cos/sin row once and rotates every head of every io with it.
+  template <rope_layout L, bool Inverse, class RowFn>
+  void run_layout(io const* ios, int n_io, index_t batch, index_t seq, T g, RowFn const& row_of) const {
+    constexpr index_t block = 16;
+    index_t const nblk = (seq + block - 1) / block;
+    int const t = resolve_threads(threads_);
+    index_t const scr_len = (2 * rotary_dim_ + 15) / 16 * 16;  // whole cache lines per thread
+    aligned_buffer<T> scratch(static_cast<index_t>(t) * scr_len);
+    index_t const r = rotary_dim_, h = rotary_dim_ / 2, d = head_dim_;
+    parallel_for(batch * nblk, t, [&](index_t task) noexcept {
+      index_t const b = task / nblk;
+      index_t const s0 = (task % nblk) * block, s1 = std::min(seq, s0 + block);
+      T* const scr = scratch.data() + (t > 1 ? thread_index() : 0) * scr_len;
+      for (index_t s = s0; s < s1; ++s) {
+        auto const cs = row_of(b, s, scr);
+        for (int i = 0; i < n_io; ++i) {
+          io const& v = ios[i];
+          for (index_t hd = 0; hd < v.in.heads; ++hd) {
+            T const* src = v.in.ptr(b, s, hd);
+            T* dst = v.out.ptr(b, s, hd);
+            if constexpr (L == rope_layout::half_split)
+              detail::rope_rotate_half<Inverse, simd::default_arch>(dst, src, cs.first, cs.second, h, g);
+            else
+              detail::rope_rotate_interleaved<Inverse, simd::default_arch>(dst, src, cs.first, cs.second, r, g);
+            if (dst != src && d > r) std::memcpy(dst + r, src + r, static_cast<std::size_t>(d - r) * sizeof(T));
+          }
+        }
+      }
+    });
+  }
+
+  rope_layout layout_;
+  index_t head_dim_;
+  index_t rotary_dim_;
+  double base_;
+  rope_scaling scaling_;
+  int threads_;
+  rope_frequencies fixed_;  // every length for fixed scalings; L <= M (dynamic), L <= L0 (longrope)
+  rope_frequencies long_;   // longrope, L > L0
+  aligned_buffer<T> table_;
+  index_t table_rows_ = 0;
+  rope_frequencies table_freqs_;
+};
+
+template <class T>
+struct encoder_traits<rope<T>> {
+  static constexpr bool adds_to_embeddings = false, rotates_queries_keys = true;
+  static constexpr bool biases_scores = false, relative_key_value = false;
+  // q(p) . k(p') depends on p - p' only (for dynamic NTK and LongRoPE at a fixed length).
+  static constexpr bool is_relative = true;
+};
+
+}  // namespace posenc

@@ -1,0 +1,195 @@
+// SPDX-License-Identifier: MIT
+// Shaw et al. (2018) relative position representations: learned key and value embeddings.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "posenc/core/error.hpp"
+#include "posenc/core/span.hpp"
+#include "posenc/encoding/bias_kernels.hpp"
+#include "posenc/encoding/traits.hpp"
+
+namespace posenc {
+
+/// Which terms a seeded shaw encoder learns.
+enum class shaw_terms {
+  keys,            ///< aK only: scores gain q_i . aK(j - i)
+  keys_and_values  ///< aK and aV: outputs also gain sum_j p_ij aV(j - i)
+};
+
+/// Relative key/value embeddings of Shaw, Uszkoreit and Vaswani (2018), as in
+/// tensor2tensor's `dot_product_attention_relative` (FORMULAS 4.3). With clip
+/// distance K >= 1 and tables aK, aV of shape (2K + 1, head_dim), shared by
+/// the heads of a layer, and idx(i, j) = clip(p_j - p_i, -K, K) + K:
+///
+///     e_ij = scale * (q_i . k_j + q_i . aK[idx(i, j)])
+///     z_i  = sum_j softmax_j(e_ij) * (v_j + aV[idx(i, j)])
+///
+/// The encoder provides the two position terms (the attention kernel adds
+/// q_i . k_j and p_ij v_j): score_row() for one query vector against a run of
+/// keys, value_row() for one row of probabilities. Keys at |distance| >= K
+/// share a table row, so a row costs at most 2K + 1 dot products (score_row)
+/// or axpys (value_row), whatever the number of keys.
+/// @tparam T float or double.
+template <class T = float>
+class shaw {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
+                "posenc::shaw: T must be float or double");
+
+ public:
+  using value_type = T;
+  using table_type = relative_table<T>;
+
+  /// Key embeddings only: `key_table` of shape (2K + 1, head_dim), row r for distance r - K.
+  shaw(index_t max_distance, Eigen::Ref<const table_type> const& key_table) : k_(max_distance) {
+    check_k("posenc::shaw");
+    head_dim_ = key_table.cols();
+    check_tables(key_table, nullptr);
+    ak_ = detail::rel::copy_table<T>(key_table);
+  }
+
+  /// Key and value embeddings, each (2K + 1, head_dim).
+  shaw(index_t max_distance, Eigen::Ref<const table_type> const& key_table,
+       Eigen::Ref<const table_type> const& value_table)
+      : k_(max_distance) {
+    check_k("posenc::shaw");
+    head_dim_ = key_table.cols();
+    check_tables(key_table, &value_table);
+    ak_ = detail::rel::copy_table<T>(key_table);
+    av_ = detail::rel::copy_table<T>(value_table);
+  }
+
+  /// Seeded tables: normal(0, stddev) truncated at +-2 stddev; aK first, then aV
+  /// from the same generator seeded with seed + 1.
+  shaw(index_t max_distance, index_t head_dim, shaw_terms terms, std::uint64_t seed, double stddev = 0.02)
+      : k_(max_distance), head_dim_(head_dim) {
+    check_k("posenc::shaw");
+    detail::require(head_dim_ >= 1, "posenc::shaw", "head_dim is ", head_dim_, ", expected >= 1");
+    ak_ = detail::rel::copy_table<T>(detail::rel::seeded_normal_table<T>("posenc::shaw", 2 * k_ + 1, head_dim_, seed, stddev));
+    if (terms == shaw_terms::keys_and_values)
+      av_ = detail::rel::copy_table<T>(
+          detail::rel::seeded_normal_table<T>("posenc::shaw", 2 * k_ + 1, head_dim_, seed + 1, stddev));
+  }
+
+  /// K: distances are clipped to [-K, K].
+  index_t max_distance() const noexcept { return k_; }
+  /// Width of the embeddings (the attention head_dim).
+  index_t head_dim() const noexcept { return head_dim_; }
+  /// True when the encoder has value embeddings aV.
+  bool has_values() const noexcept { return !av_.empty(); }
+  /// Any position works.
+  index_t max_positions() const noexcept { return 0; }
+
+  /// Table row of (q_pos, k_pos): clip(k_pos - q_pos, -K, K) + K.
+  index_t row(index_t q_pos, index_t k_pos) const {
+    detail::rel::check_position("posenc::shaw::row", "q_pos", q_pos);
+    detail::rel::check_position("posenc::shaw::row", "k_pos", k_pos);
+    return detail::rel::clip_distance(k_pos - q_pos, k_) + k_;
+  }
+  /// aK[row, dim].
+  T key_weight(index_t r, index_t dim) const {
+    check_entry("posenc::shaw::key_weight", r, dim);
+    return ak_[static_cast<std::size_t>(r * head_dim_ + dim)];
+  }
+  /// aV[row, dim]; requires has_values().
+  T value_weight(index_t r, index_t dim) const {
+    detail::require(has_values(), "posenc::shaw::value_weight", "value table is absent, expected shaw_terms::keys_and_values");
+    check_entry("posenc::shaw::value_weight", r, dim);
+    return av_[static_cast<std::size_t>(r * head_dim_ + dim)];
+  }
+
+  /// Hook: out[j] += scale * (q . aK[clip(k_pos_first + j - q_pos) + K]),
+  /// j in [0, count); q has head_dim values. Unchecked.
+  POSENC_ROW_NOINLINE void score_row(T const* q, index_t q_pos, index_t k_pos_first, index_t count, T scale, T* out) const noexcept {
+    if (count <= 0) return;
+    index_t d = k_pos_first - q_pos;
+    index_t j = 0;
+    if (d <= -k_) {  // every key at distance <= -K uses row 0
+      std::uint64_t const run = detail::rel::run_length(d, -k_ + 1);
+      index_t const len = run < static_cast<std::uint64_t>(count) ? static_cast<index_t>(run) : count;
+      detail::rel::add_constant(out, len, scale * detail::rel::dot(q, ak_.data(), head_dim_));
+      j = len;
+      d += len;
+    }
+    for (; j < count && d < k_; ++j, ++d)  // -K < d < K: one row per key
+      out[j] += scale * detail::rel::dot(q, ak_.data() + (d + k_) * head_dim_, head_dim_);
+    if (j < count)  // distance >= K: row 2K
+      detail::rel::add_constant(out + j, count - j, scale * detail::rel::dot(q, ak_.data() + 2 * k_ * head_dim_, head_dim_));
+  }
+
+  /// Hook: out[0..head_dim) += sum_j p[j] * aV[clip(k_pos_first + j - q_pos) + K],
+  /// j in [0, count). Does nothing without value embeddings. Unchecked.
+  POSENC_ROW_NOINLINE void value_row(T const* p, index_t q_pos, index_t k_pos_first, index_t count, T* out) const noexcept {
+    if (count <= 0 || av_.empty()) return;
+    index_t d = k_pos_first - q_pos;
+    index_t j = 0;
+    if (d <= -k_) {
+      std::uint64_t const run = detail::rel::run_length(d, -k_ + 1);
+      index_t const len = run < static_cast<std::uint64_t>(count) ? static_cast<index_t>(run) : count;
+      detail::rel::add_scaled(out, detail::rel::sum(p, len), av_.data(), head_dim_);
+      j = len;
+      d += len;
+    }
+    for (; j < count && d < k_; ++j, ++d) detail::rel::add_scaled(out, p[j], av_.data() + (d + k_) * head_dim_, head_dim_);
+    if (j < count) detail::rel::add_scaled(out, detail::rel::sum(p + j, count - j), av_.data() + 2 * k_ * head_dim_, head_dim_);
+  }
+
+  /// Checked score_row: q has head_dim values, out one per key; throws
+  /// posenc::error before writing anything.
+  void add_scores(span<const T> q, index_t q_pos, index_t k_pos_first, T scale, span<T> out) const {
+    char const* where = "posenc::shaw::add_scores";
+    detail::require(q.size() == head_dim_, where, "q has ", q.size(), " values, expected ", head_dim_, " (head_dim)");
+    detail::require(std::isfinite(static_cast<double>(scale)), where, "scale is ", scale, ", expected a finite number");
+    detail::rel::check_position(where, "q_pos", q_pos);
+    detail::rel::check_position(where, "k_pos", k_pos_first);
+    score_row(q.data(), q_pos, k_pos_first, out.size(), scale, out.data());
+  }
+
+  /// Checked value_row: p has one probability per key, out head_dim values;
+  /// requires value embeddings; throws posenc::error before writing anything.
+  void add_values(span<const T> p, index_t q_pos, index_t k_pos_first, span<T> out) const {
+    char const* where = "posenc::shaw::add_values";
+    detail::require(has_values(), where, "value table is absent, expected shaw_terms::keys_and_values");
+    detail::require(out.size() == head_dim_, where, "out has ", out.size(), " values, expected ", head_dim_,
+                    " (head_dim)");
+    detail::rel::check_position(where, "q_pos", q_pos);
+    detail::rel::check_position(where, "k_pos", k_pos_first);
+    value_row(p.data(), q_pos, k_pos_first, p.size(), out.data());
+  }
+
+ private:
+  void check_k(char const* where) const {
+    detail::require(k_ >= 1, where, "max_distance is ", k_, ", expected >= 1");
+  }
+
+  void check_tables(Eigen::Ref<const table_type> const& key_table, Eigen::Ref<const table_type> const* value_table) const {
+    detail::require(head_dim_ >= 1, "posenc::shaw", "key_table shape is (", key_table.rows(), ", ", key_table.cols(),
+                    "), expected (", 2 * k_ + 1, ", head_dim >= 1)");
+    detail::rel::check_table_shape<T>("posenc::shaw", "key_table", key_table, 2 * k_ + 1, head_dim_,
+                                 "(2 * max_distance + 1, head_dim)");
+    if (value_table)
+      detail::rel::check_table_shape<T>("posenc::shaw", "value_table", *value_table, 2 * k_ + 1, head_dim_,
+                                   "(2 * max_distance + 1, head_dim of key_table)");
+  }
+
+  void check_entry(char const* where, index_t r, index_t dim) const {
+    detail::require(r >= 0 && r <= 2 * k_, where, "row is ", r, ", expected 0 .. ", 2 * k_);
+    detail::require(dim >= 0 && dim < head_dim_, where, "dim is ", dim, ", expected 0 .. ", head_dim_ - 1);
+  }
+
+  index_t k_, head_dim_ = 0;
+  std::vector<T> ak_;  // (2K + 1, head_dim)
+  std::vector<T> av_;  // (2K + 1, head_dim), empty without value embeddings
+};
+
+template <class T>
+struct encoder_traits<shaw<T>> {
+  static constexpr bool adds_to_embeddings = false, rotates_queries_keys = false;
+  static constexpr bool biases_scores = false, relative_key_value = true;
+  static constexpr bool is_relative = true;
+};
+
+}  // namespace posenc

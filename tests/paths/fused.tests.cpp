@@ -1,0 +1,470 @@
+// SPDX-License-Identifier: MIT
+// path::fused against the double reference: shapes around every tile and vector width, every option and encoder.
+#include <posenc/attention/attention.hpp>
+#include <posenc/attention/fused.hpp>
+#include <posenc/encoding/alibi.hpp>
+#include <posenc/encoding/clipped_bias.hpp>
+#include <posenc/encoding/compose.hpp>
+#include <posenc/encoding/none.hpp>
+#include <posenc/encoding/rope.hpp>
+#include <posenc/encoding/shaw.hpp>
+#include <posenc/encoding/t5_bias.hpp>
+
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "support/catch.hpp"
+#include "support/fake_encoders.hpp"
+#include "support/random.hpp"
+#include "support/tolerance.hpp"
+
+// Allocation counter for the "nothing grows with Sq x Sk" test: every
+// operator new of this executable adds its size while counting is on.
+namespace {
+std::atomic<bool> g_counting{false};
+std::atomic<long long> g_bytes{0};
+std::atomic<long long> g_largest{0};
+void note(std::size_t n) {
+  if (!g_counting.load(std::memory_order_relaxed)) return;
+  g_bytes += static_cast<long long>(n);
+  long long prev = g_largest.load();
+  while (static_cast<long long>(n) > prev && !g_largest.compare_exchange_weak(prev, static_cast<long long>(n))) {
+  }
+}
+// Out of line so that the compiler does not pair a visible malloc with delete.
+__attribute__((noinline)) void release(void* p) noexcept { std::free(p); }
+}  // namespace
+
+void* operator new(std::size_t n) {
+  note(n);
+  if (void* p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void* operator new[](std::size_t n) { return operator new(n); }
+void* operator new(std::size_t n, std::align_val_t a) {
+  note(n);
+  std::size_t const al = static_cast<std::size_t>(a);
+  if (void* p = std::aligned_alloc(al, (n + al - 1) / al * al)) return p;
+  throw std::bad_alloc();
+}
+void* operator new[](std::size_t n, std::align_val_t a) { return operator new(n, a); }
+void operator delete(void* p) noexcept { release(p); }
+void operator delete[](void* p) noexcept { release(p); }
+void operator delete(void* p, std::size_t) noexcept { release(p); }
+void operator delete[](void* p, std::size_t) noexcept { release(p); }
+void operator delete(void* p, std::align_val_t) noexcept { release(p); }
+void operator delete[](void* p, std::align_val_t) noexcept { release(p); }
+void operator delete(void* p, std::size_t, std::align_val_t) noexcept { release(p); }
+void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { release(p); }
+
+namespace posenc_test {
+/// The reference path run in float: the "plain float implementation" of the tolerance rule.
+struct plain_float {};
+}  // namespace posenc_test
+
+namespace posenc::detail {
+template <>
+struct kernel<posenc_test::plain_float> {
+  static constexpr bool available = true;
+  static constexpr bool provides_scores = true;
+  static constexpr bool rotates_itself = false;
+  template <class T, class E>
+  static void run(attention_plan<T> const& p, view<const T> q, view<const T> k, view<const T> v, view<T> out,
+                  E const& enc) {
+    reference_attention<T>(p, q, k, v, out, enc);
+  }
+};
+}  // namespace posenc::detail
+
+using posenc::index_t;
+
+namespace {
+
+constexpr index_t W = posenc::simd::width<float>;
+using tile = posenc::detail::fused_default_traits<float>;
+
+/// Shapes and options of one case. Buffers are BSHD with optional padding
+/// between heads/rows and a leading offset (misaligned, strided views).
+struct shape {
+  index_t B = 1, Sq = 1, Sk = 1, Hq = 1, Hkv = 1, D = 8, Dv = 8;
+  index_t pad = 0, offset = 0;
+  bool bhsd = false;
+};
+
+template <class T>
+struct buffers {
+  shape s;
+  std::vector<T> q, k, v;
+  std::vector<index_t> key_len, qpos, kpos;
+  std::vector<T> mask;
+  std::vector<char> bmask_store;
+  std::vector<T> lse;
+
+  buffers(shape const& sh, std::uint64_t seed) : s(sh) {
+    q = posenc_test::random_vector<T>(static_cast<std::size_t>(extent(s.Sq, s.Hq, s.D)), seed, -2, 2);
+    k = posenc_test::random_vector<T>(static_cast<std::size_t>(extent(s.Sk, s.Hkv, s.D)), seed + 1, -2, 2);
+    v = posenc_test::random_vector<T>(static_cast<std::size_t>(extent(s.Sk, s.Hkv, s.Dv)), seed + 2);
+  }
+  index_t extent(index_t seq, index_t heads, index_t dim) const {
+    return s.offset + s.B * seq * heads * (dim + s.pad) + seq * s.pad + 8;
+  }
+  template <class U>
+  posenc::view<U> make(U* data, index_t seq, index_t heads, index_t dim) const {
+    index_t const hs = dim + s.pad;
+    posenc::view<U> x;
+    x.data = data + s.offset;
+    x.batch = s.B;
+    x.seq = seq;
+    x.heads = heads;
+    x.dim = dim;
+    if (s.bhsd) {
+      x.seq_stride = hs;
+      x.head_stride = seq * hs + s.pad;
+      x.batch_stride = heads * x.head_stride;
+    } else {
+      x.head_stride = hs;
+      x.seq_stride = heads * hs + s.pad;
+      x.batch_stride = seq * x.seq_stride;
+    }
+    return x;
+  }
+  posenc::view<const T> qv() const { return make<const T>(q.data(), s.Sq, s.Hq, s.D); }
+  posenc::view<const T> kv() const { return make<const T>(k.data(), s.Sk, s.Hkv, s.D); }
+  posenc::view<const T> vv() const { return make<const T>(v.data(), s.Sk, s.Hkv, s.Dv); }
+};
+
+/// Runs Path into a fresh output (strided like the inputs); returns out + lse.
+template <class Path, class T, class E>
+std::vector<T> run(buffers<T>& bf, E const& enc, posenc::attention_options<T> opt) {
+  shape const& s = bf.s;
+  std::vector<T> out(static_cast<std::size_t>(bf.extent(s.Sq, s.Hq, s.Dv)), T(-7));
+  std::vector<T> lse(static_cast<std::size_t>(s.B * s.Hq * s.Sq), T(-7));
+  opt.lse = lse.data();
+  posenc::attention<Path>(bf.qv(), bf.kv(), bf.vv(), bf.template make<T>(out.data(), s.Sq, s.Hq, s.Dv), enc, opt);
+  out.insert(out.end(), lse.begin(), lse.end());
+  return out;
+}
+
+/// fused vs the double reference, bounded by the plain float error (STYLE.md 6).
+template <class T, class E>
+void check_agrees(buffers<T>& bf, E const& enc, posenc::attention_options<T> const& opt, std::string const& what) {
+  auto ref = run<posenc::path::reference>(bf, enc, opt);
+  auto plain = run<posenc_test::plain_float>(bf, enc, opt);
+  auto got = run<posenc::path::fused>(bf, enc, opt);
+  auto rep = posenc_test::within_tolerance(got, ref, plain, 1e-6);
+  INFO(what << ": " << rep.describe());
+  CHECK(rep.ok);
+  // Untouched padding between rows stays untouched.
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    if (ref[i] == T(-7)) {
+      CHECK(got[i] == T(-7));
+      break;
+    }
+  }
+}
+
+std::string describe(shape const& s) {
+  return "B" + std::to_string(s.B) + " Sq" + std::to_string(s.Sq) + " Sk" + std::to_string(s.Sk) + " Hq" +
+         std::to_string(s.Hq) + " Hkv" + std::to_string(s.Hkv) + " D" + std::to_string(s.D) + " Dv" +
+         std::to_string(s.Dv) + " pad" + std::to_string(s.pad) + " off" + std::to_string(s.offset) +
+         (s.bhsd ? " bhsd" : " bshd");
+}
+
+}  // namespace
+
+TEST_CASE("fused traits derive consistent tile constants", "[fused]") {
+  STATIC_REQUIRE(tile::block_q % tile::width == 0);
+  STATIC_REQUIRE(tile::q_vectors % tile::micro_q == 0);
+  STATIC_REQUIRE(tile::micro_rows * tile::micro_q + tile::micro_q + 1 <= tile::registers);
+  using dt = posenc::detail::fused_default_traits<double>;
+  STATIC_REQUIRE(dt::width * 2 == tile::width);
+}
+
+TEST_CASE("fused == reference around every tile and vector width", "[fused]") {
+  // Lengths N-1, N, N+1 around the SIMD width, the micro-tile rows, the key tile and the query block.
+  std::vector<index_t> const lens = {1, W - 1, W, W + 1, tile::block_kv - 1, tile::block_kv, tile::block_kv + 1,
+                                     tile::block_q + tile::block_q / 2 + 1};
+  std::vector<index_t> const dims = {1, 5, W - 1, W, W + 1, 2 * W + 3};
+  std::uint64_t seed = 11;
+  for (index_t sq : lens) {
+    for (index_t sk : {index_t{1}, W + 1, tile::block_kv - 1, tile::block_kv + 1, 2 * tile::block_kv + 5}) {
+      shape s;
+      s.Sq = sq;
+      s.Sk = sk;
+      s.D = dims[static_cast<std::size_t>(seed % dims.size())];
+      s.Dv = dims[static_cast<std::size_t>((seed / 3) % dims.size())];
+      s.Hq = 2;
+      s.Hkv = seed % 2 == 0 ? 1 : 2;
+      buffers<float> bf(s, seed++);
+      posenc::attention_options<float> opt;
+      check_agrees(bf, posenc::none{}, opt, describe(s) + " plain");
+      opt.causal = true;
+      check_agrees(bf, posenc::none{}, opt, describe(s) + " causal");
+    }
+  }
+}
+
+TEST_CASE("fused == reference with every option", "[fused]") {
+  std::uint64_t seed = 101;
+  for (int trial = 0; trial < 6; ++trial) {
+    shape s;
+    s.B = 2;
+    s.Sq = trial % 2 == 0 ? 70 : 3;  // lane kernel and row kernel
+    s.Sk = 71 + 13 * trial;  // >= Sq: default query positions are >= 0
+    s.Hq = 4;
+    s.Hkv = trial % 3 == 0 ? 1 : (trial % 3 == 1 ? 2 : 4);
+    s.D = trial < 3 ? 32 : 20;
+    s.Dv = trial < 3 ? 24 : 33;
+    s.pad = trial % 2;
+    s.offset = trial % 3;
+    s.bhsd = trial >= 4;
+    buffers<float> bf(s, seed++);
+    std::string const d = describe(s);
+
+    SECTION("window") {
+      posenc::attention_options<float> opt;
+      opt.sliding_window = 9 + trial;
+      check_agrees(bf, posenc::none{}, opt, d + " window");
+    }
+    SECTION("key lengths, causal, negative query positions") {
+      bf.key_len = {s.Sk - 5, 2};
+      posenc::attention_options<float> opt;
+      opt.key_lengths = posenc::span<const index_t>(bf.key_len.data(), 2);
+      opt.causal = true;
+      check_agrees(bf, posenc::none{}, opt, d + " key_lengths causal");
+      opt.causal = false;
+      check_agrees(bf, posenc::none{}, opt, d + " key_lengths");
+      bf.qpos = {-3, s.Sk / 2};
+      opt.causal = true;
+      opt.q_positions = posenc::position_span::per_batch(posenc::span<const index_t>(bf.qpos.data(), 2));
+      check_agrees(bf, posenc::none{}, opt, d + " per-batch q offsets");
+    }
+    SECTION("explicit positions") {
+      bf.qpos.resize(static_cast<std::size_t>(s.B * s.Sq));
+      bf.kpos.resize(static_cast<std::size_t>(s.B * s.Sk));
+      for (std::size_t t = 0; t < bf.qpos.size(); ++t) bf.qpos[t] = static_cast<index_t>((t * 7) % 50);
+      for (std::size_t t = 0; t < bf.kpos.size(); ++t) bf.kpos[t] = static_cast<index_t>((t * 5) % 61);
+      posenc::attention_options<float> opt;
+      opt.q_positions = posenc::position_span::ids(bf.qpos.data(), s.B, s.Sq);
+      opt.k_positions = posenc::position_span::ids(bf.kpos.data(), s.B, s.Sk);
+      opt.causal = true;
+      check_agrees(bf, posenc::none{}, opt, d + " explicit causal");
+      opt.sliding_window = 20;
+      check_agrees(bf, posenc_test::fake_bias{}, opt, d + " explicit window bias");
+    }
+    SECTION("masks, broadcast, short key extent") {
+      bf.mask = posenc_test::random_vector<float>(static_cast<std::size_t>(s.Hq * s.Sq * s.Sk), seed, -2, 1);
+      for (std::size_t t = 0; t < bf.mask.size(); t += 3) bf.mask[t] = -std::numeric_limits<float>::infinity();
+      bf.bmask_store.resize(static_cast<std::size_t>(s.B * s.Sk));
+      for (std::size_t t = 0; t < bf.bmask_store.size(); ++t) bf.bmask_store[t] = (t % 4) != 1;
+      posenc::attention_options<float> opt;
+      opt.mask = posenc::make_mask<float>(bf.mask.data(), 1, s.Hq, s.Sq, s.Sk);
+      check_agrees(bf, posenc::none{}, opt, d + " additive mask");
+      opt.mask = {};
+      opt.bool_mask = posenc::make_mask<bool>(reinterpret_cast<bool const*>(bf.bmask_store.data()), s.B, 1, 1,
+                                              s.Sk - 3);
+      opt.causal = true;
+      check_agrees(bf, posenc::none{}, opt, d + " bool mask");
+    }
+    SECTION("softcap and scale") {
+      posenc::attention_options<float> opt;
+      opt.softcap = 2.5;
+      opt.scale = 0.9;
+      check_agrees(bf, posenc::none{}, opt, d + " softcap");
+      opt.causal = true;
+      check_agrees(bf, posenc_test::fake_bias{}, opt, d + " softcap bias");
+    }
+    SECTION("encoders") {
+      posenc::attention_options<float> opt;
+      opt.causal = trial % 2 == 1;
+      check_agrees(bf, posenc::alibi<float>(posenc::alibi_form::symmetric, s.Hq), opt, d + " alibi");
+      check_agrees(bf, posenc::alibi<float>(posenc::alibi_form::key_only, s.Hq), opt, d + " alibi key-only");
+      check_agrees(bf, posenc::t5_bias<float>(posenc::t5_bias_params{s.Hq, true, 32, 128}, seed, 0.5), opt,
+                   d + " t5");
+      check_agrees(bf, posenc::clipped_bias<float>(6, s.Hq, seed, 0.5), opt, d + " clipped");
+      posenc::rope<float> rope(posenc::rope_layout::half_split, s.D);
+      check_agrees(bf, rope, opt, d + " rope");
+      check_agrees(bf, posenc::compose(rope, posenc::alibi<float>(posenc::alibi_form::paper, s.Hq)), opt,
+                   d + " rope+alibi");
+      check_agrees(bf, posenc_test::fake_rotary{}, opt, d + " fake rotary");
+      opt.keys_rotated = true;
+      check_agrees(bf, rope, opt, d + " rope, keys already rotated");
+      opt.keys_rotated = false;
+      if (s.D == s.Dv || true) {
+        check_agrees(bf, posenc::shaw<float>(4, s.D, posenc::shaw_terms::keys, seed, 0.5), opt, d + " shaw keys");
+      }
+      if (s.D == s.Dv) {
+        check_agrees(bf, posenc::shaw<float>(4, s.D, posenc::shaw_terms::keys_and_values, seed, 0.5), opt,
+                     d + " shaw keys+values");
+      }
+    }
+  }
+}
+
+TEST_CASE("fused == reference for Shaw with values and softcap", "[fused]") {
+  shape s;
+  s.B = 1;
+  s.Sq = 37;
+  s.Sk = 70;
+  s.Hq = 2;
+  s.Hkv = 1;
+  s.D = 12;
+  s.Dv = 12;
+  buffers<float> bf(s, 7);
+  posenc::attention_options<float> opt;
+  opt.softcap = 3;
+  opt.causal = true;
+  check_agrees(bf, posenc::shaw<float>(3, s.D, posenc::shaw_terms::keys_and_values, 5, 0.5), opt, "shaw softcap");
+  check_agrees(bf, posenc_test::fake_shaw<float>(2, s.D, true, 9), opt, "fake shaw");
+}
+
+TEST_CASE("fused == reference in double", "[fused]") {
+  for (index_t sq : {index_t{1}, index_t{7}, index_t{65}}) {
+    shape s;
+    s.B = 1;
+    s.Sq = sq;
+    s.Sk = 131;
+    s.Hq = 4;
+    s.Hkv = 2;
+    s.D = 24;
+    s.Dv = 17;
+    buffers<double> bf(s, 3 + static_cast<std::uint64_t>(sq));
+    posenc::attention_options<double> opt;
+    opt.causal = true;
+    check_agrees(bf, posenc_test::fake_bias{}, opt, describe(s) + " double");
+    opt.causal = false;
+    check_agrees(bf, posenc::none{}, opt, describe(s) + " double plain");
+  }
+}
+
+TEST_CASE("fused decode: few queries against a long cache, split across threads", "[fused]") {
+  for (index_t hkv : {index_t{1}, index_t{2}}) {
+    shape s;
+    s.B = 1;
+    s.Sq = 1;
+    s.Sk = 1000;
+    s.Hq = 4;
+    s.Hkv = hkv;
+    s.D = 64;
+    s.Dv = 64;
+    buffers<float> bf(s, 40 + static_cast<std::uint64_t>(hkv));
+    posenc::attention_options<float> opt;
+    opt.threads = 2;
+    check_agrees(bf, posenc::none{}, opt, describe(s) + " decode 2 threads");
+    opt.causal = true;
+    opt.sliding_window = 300;
+    check_agrees(bf, posenc::none{}, opt, describe(s) + " decode window");
+    opt.sliding_window = 0;
+    check_agrees(bf, posenc::alibi<float>(posenc::alibi_form::paper, s.Hq), opt, describe(s) + " decode alibi");
+    opt.threads = 1;
+    auto one = run<posenc::path::fused>(bf, posenc::none{}, opt);
+    opt.threads = 2;
+    auto two = run<posenc::path::fused>(bf, posenc::none{}, opt);
+    CHECK(posenc_test::max_abs_diff(one, two) < 1e-5);
+  }
+}
+
+TEST_CASE("fused: 1 thread == 2 threads", "[fused]") {
+  shape s;
+  s.B = 2;
+  s.Sq = 150;
+  s.Sk = 150;
+  s.Hq = 4;
+  s.Hkv = 2;
+  s.D = 32;
+  s.Dv = 32;
+  buffers<float> bf(s, 77);
+  posenc::attention_options<float> opt;
+  opt.causal = true;
+  opt.threads = 1;
+  auto one = run<posenc::path::fused>(bf, posenc_test::fake_bias{}, opt);
+  opt.threads = 2;
+  auto two = run<posenc::path::fused>(bf, posenc_test::fake_bias{}, opt);
+  // The lane kernel gives every row the same key order whatever the thread count.
+  CHECK(one == two);
+}
+
+TEST_CASE("fused: fully masked rows give zeros and lse = -inf", "[fused]") {
+  shape s;
+  s.Sq = 20;
+  s.Sk = 20;
+  s.Hq = 1;
+  s.Hkv = 1;
+  s.D = 16;
+  s.Dv = 16;
+  buffers<float> bf(s, 5);
+  bf.qpos = {-5};
+  posenc::attention_options<float> opt;
+  opt.causal = true;
+  opt.q_positions = posenc::position_span(-5);  // rows 0..4 see no key
+  auto got = run<posenc::path::fused>(bf, posenc::none{}, opt);
+  for (index_t i = 0; i < 5; ++i) {
+    for (index_t d = 0; d < s.Dv; ++d) CHECK(got[static_cast<std::size_t>(i * s.Dv + d)] == 0.0f);
+    float const lse = got[static_cast<std::size_t>(bf.extent(s.Sq, s.Hq, s.Dv) + i)];
+    CHECK(std::isinf(lse));
+    CHECK(lse < 0);
+  }
+  for (float x : got) CHECK(!std::isnan(x));
+}
+
+TEST_CASE("fused rejects the scores output; path::best then uses the materialized path", "[fused]") {
+  shape s;
+  s.Sq = 4;
+  s.Sk = 4;
+  s.D = 8;
+  s.Dv = 8;
+  buffers<float> bf(s, 9);
+  std::vector<float> scores(16, 0.0f), out(32, -7.0f);
+  posenc::attention_options<float> opt;
+  opt.scores = scores.data();
+  auto ov = posenc::make_bshd(out.data(), 1, 4, 1, 8);
+  REQUIRE_THROWS_WITH(posenc::attention<posenc::path::fused>(bf.qv(), bf.kv(), bf.vv(), ov, posenc::none{}, opt),
+                      posenc_test::contains("scores"));
+  for (float x : out) CHECK(x == -7.0f);
+  posenc::attention<posenc::path::best>(bf.qv(), bf.kv(), bf.vv(), ov, posenc::none{}, opt);
+  float sum = 0;
+  for (float x : scores) sum += x;
+  CHECK(sum == posenc_test::Approx(4.0f).epsilon(1e-5));  // probabilities: each row sums to 1
+}
+
+TEST_CASE("fused: no allocation grows with Sq x Sk", "[fused]") {
+  // Scratch is a function of the head dims only.
+  CHECK(posenc::detail::fused_scratch_elements<float>(64, 64) ==
+        posenc::detail::fused_scratch_elements<float>(64, 64));
+  auto measure = [](index_t S, bool decode) {
+    shape s;
+    s.Sq = decode ? 1 : S;
+    s.Sk = S;
+    s.Hq = 2;
+    s.Hkv = 1;
+    s.D = 16;
+    s.Dv = 16;
+    buffers<float> bf(s, 3);
+    std::vector<float> out(static_cast<std::size_t>(s.Sq * s.Hq * s.Dv));
+    posenc::attention_options<float> opt;
+    opt.causal = true;
+    opt.threads = 2;
+    auto ov = posenc::make_bshd(out.data(), 1, s.Sq, s.Hq, s.Dv);
+    posenc::alibi<float> enc(posenc::alibi_form::paper, 2);
+    g_bytes = 0;
+    g_largest = 0;
+    g_counting = true;
+    posenc::attention<posenc::path::fused>(bf.qv(), bf.kv(), bf.vv(), ov, enc, opt);
+    g_counting = false;
+    return std::make_pair(g_bytes.load(), g_largest.load());
+  };
+  for (bool decode : {false, true}) {
+    auto small = measure(512, decode), large = measure(2048, decode);
+    INFO("decode " << decode << ": " << small.first << " -> " << large.first << " bytes, largest "
+                   << small.second << " -> " << large.second);
+    // 4x the length: a Sq x Sk buffer would grow 16x (2048^2 floats = 16 MiB);
+    // what grows here is linear (positions: 8 bytes per token).
+    CHECK(large.first - small.first <= 2 * 8 * (2048 - 512) + 4096);
+    CHECK(large.first < 2048 * 2048 / 16);
+  }
+}
