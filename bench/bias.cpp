@@ -10,7 +10,6 @@
 #include <posenc/encoding/alibi.hpp>
 #include <posenc/encoding/clipped_bias.hpp>
 #include <posenc/encoding/t5_bias.hpp>
-
 #include <string>
 #include <vector>
 

@@ -26,6 +26,7 @@
 #include "posenc/encoding/traits.hpp"
 
 #include "posenc/attention/attention.hpp"
+#include "posenc/attention/fused.hpp"
 #include "posenc/attention/kv_cache.hpp"
 #include "posenc/attention/materialized.hpp"
 #include "posenc/attention/multi_head.hpp"

@@ -171,7 +171,7 @@ case_result run_case(posenc_test::onnx_case const& c) {
 }  // namespace
 
 TEMPLATE_TEST_CASE("onnx conformance: every Attention case", "[conformance][onnx]", posenc::path::reference,
-                   posenc::path::materialized) {
+                   posenc::path::materialized, posenc::path::fused) {
   std::string const dir = posenc_test::onnx_dir();
   if (dir.empty()) {
     WARN("ONNX conformance data not found (set POSENC_ONNX_DIR): skipped");

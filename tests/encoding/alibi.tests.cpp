@@ -1,11 +1,10 @@
 // SPDX-License-Identifier: MIT
 // alibi: slopes, the four bias forms against their formulas, bias_row against bias, shards.
+#include <cmath>
+#include <limits>
 #include <posenc/encoding/alibi.hpp>
 #include <posenc/encoding/compose.hpp>
 #include <posenc/encoding/t5_bias.hpp>
-
-#include <cmath>
-#include <limits>
 #include <random>
 #include <vector>
 
@@ -24,10 +23,14 @@ namespace {
 // The formula of FORMULAS 4.2 in double.
 double direct(alibi_form form, double m, index_t qp, index_t kp, index_t key_length) {
   switch (form) {
-    case alibi_form::paper: return -m * static_cast<double>(qp - kp);
-    case alibi_form::key_only: return m * static_cast<double>(kp);
-    case alibi_form::shifted: return m * static_cast<double>(kp - (key_length - 1));
-    case alibi_form::symmetric: return -m * std::abs(static_cast<double>(qp - kp));
+    case alibi_form::paper:
+      return -m * static_cast<double>(qp - kp);
+    case alibi_form::key_only:
+      return m * static_cast<double>(kp);
+    case alibi_form::shifted:
+      return m * static_cast<double>(kp - (key_length - 1));
+    case alibi_form::symmetric:
+      return -m * std::abs(static_cast<double>(qp - kp));
   }
   return 0;
 }
@@ -46,7 +49,8 @@ TEMPLATE_TEST_CASE("alibi: paper slopes, caller slopes and shards", "[alibi]", f
   auto const s12 = posenc::alibi_slopes(12);
   REQUIRE(s12.size() == 12u);
   for (int h = 0; h < 8; ++h) CHECK(s12[static_cast<std::size_t>(h)] == std::ldexp(1.0, -(h + 1)));
-  for (int t = 0; t < 4; ++t) CHECK(s12[static_cast<std::size_t>(8 + t)] == posenc_test::Approx(std::pow(2.0, -0.5 - t)).epsilon(1e-15));
+  for (int t = 0; t < 4; ++t)
+    CHECK(s12[static_cast<std::size_t>(8 + t)] == posenc_test::Approx(std::pow(2.0, -0.5 - t)).epsilon(1e-15));
 
   alibi<T> a(alibi_form::paper, 12);
   for (index_t h = 0; h < 12; ++h) CHECK(a.slope(h) == static_cast<T>(s12[static_cast<std::size_t>(h)]));
@@ -155,7 +159,8 @@ TEST_CASE("alibi: compose with a T5 bias adds both", "[alibi]") {
   CHECK(c.heads() == 4);
   std::vector<float> row(50, 0.0f);
   c.bias_row(2, 30, 0, 50, row.data());
-  for (index_t j = 0; j < 50; ++j) CHECK(row[static_cast<std::size_t>(j)] == posenc_test::Approx(a.bias(2, 30, j) + t.bias(2, 30, j)));
+  for (index_t j = 0; j < 50; ++j)
+    CHECK(row[static_cast<std::size_t>(j)] == posenc_test::Approx(a.bias(2, 30, j) + t.bias(2, 30, j)));
 }
 
 TEST_CASE("alibi: usage code of docs/encoders/relative.md", "[alibi][docs]") {
@@ -168,9 +173,9 @@ TEST_CASE("alibi: usage code of docs/encoders/relative.md", "[alibi][docs]") {
   posenc::alibi<float> mpt_next = mpt.with_key_length(101);
   // The bias of head 3 for a query at position 99 against keys 0..99, added into a row.
   std::vector<float> row(100, 0.0f);
-  mpt.bias_row(3, 99, 0, 100, row.data());           // unchecked hook, as the kernels call it
+  mpt.bias_row(3, 99, 0, 100, row.data());             // unchecked hook, as the kernels call it
   shard.add_bias(0, 99, 0, posenc::span<float>(row));  // checked: throws posenc::error on bad input
-  float b = bloom.bias(8, 99, 40);                      // one entry: slope(8) * 40
+  float b = bloom.bias(8, 99, 40);                     // one entry: slope(8) * 40
   // --- end ---
   CHECK(b == bloom.slope(8) * 40.0f);
   CHECK(shard.slope(0) == bloom.slope(8));

@@ -1,8 +1,7 @@
 // SPDX-License-Identifier: MIT
 // clipped_bias: bias against the clipped-index formula, bias_row against bias, K = 0, tables.
-#include <posenc/encoding/clipped_bias.hpp>
-
 #include <algorithm>
+#include <posenc/encoding/clipped_bias.hpp>
 #include <random>
 #include <vector>
 

@@ -440,7 +440,7 @@ TEST_CASE("rope: docs/encoders/rope.md usage", "[rope][docs]") {
   posenc::rope<float> rope(posenc::rope_layout::half_split, 128, opt);
   rope.reserve(4096);  // optional: pre-build cos/sin rows for positions 0..4095
 
-  index_t const batch = 1, seq = 16, past_len = 100;
+  posenc::index_t const batch = 1, seq = 16, past_len = 100;
   std::vector<float> q(batch * seq * 32 * 128, 0.5f), k(batch * seq * 8 * 128, 0.25f);
   auto qv = posenc::make_bshd(q.data(), batch, seq, 32, 128);  // (batch, seq, head, dim)
   auto kv = posenc::make_bshd(k.data(), batch, seq, 8, 128);

@@ -1,10 +1,9 @@
 // SPDX-License-Identifier: MIT
 // shaw: score_row and value_row against the direct formulas of Shaw et al. (FORMULAS 4.3).
-#include <posenc/encoding/shaw.hpp>
-
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <posenc/encoding/shaw.hpp>
 #include <random>
 #include <vector>
 
@@ -49,7 +48,8 @@ TEMPLATE_TEST_CASE("shaw: score_row and value_row against the direct formulas", 
         index_t const q_pos = base + std::uniform_int_distribution<index_t>(0, 60)(gen);
         index_t const k_first = base + std::uniform_int_distribution<index_t>(0, 60)(gen);
         auto q = posenc_test::random_vector<T>(static_cast<std::size_t>(dh), static_cast<std::uint64_t>(trial));
-        auto p = posenc_test::random_vector<T>(static_cast<std::size_t>(count) + 1, 50u + static_cast<std::uint64_t>(trial), 0.0, 1.0);
+        auto p = posenc_test::random_vector<T>(static_cast<std::size_t>(count) + 1,
+                                               50u + static_cast<std::uint64_t>(trial), 0.0, 1.0);
         T const scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(dh)));
         // Direct formulas in double.
         std::vector<double> want_s(static_cast<std::size_t>(count)), want_v(static_cast<std::size_t>(dh), 0.5);
@@ -62,7 +62,8 @@ TEMPLATE_TEST_CASE("shaw: score_row and value_row against the direct formulas", 
           for (index_t d = 0; d < dh; ++d)
             want_v[static_cast<std::size_t>(d)] += static_cast<double>(p[static_cast<std::size_t>(j)]) * av(r, d);
         }
-        std::vector<T> scores(static_cast<std::size_t>(count) + 1, T(0.25)), values(static_cast<std::size_t>(dh) + 1, T(0.5));
+        std::vector<T> scores(static_cast<std::size_t>(count) + 1, T(0.25)),
+            values(static_cast<std::size_t>(dh) + 1, T(0.5));
         scores[static_cast<std::size_t>(count)] = values[static_cast<std::size_t>(dh)] = T(-3);
         s.score_row(q.data(), q_pos, k_first, count, scale, scores.data());
         s.value_row(p.data(), q_pos, k_first, count, values.data());
@@ -84,7 +85,7 @@ TEST_CASE("shaw: far keys share one row; keys-only encoders add no values", "[sh
   CHECK_FALSE(s.has_values());
   std::vector<float> q(8, 0.5f), row(40, 0.0f), out(8, 1.0f), p(40, 0.25f);
   s.score_row(q.data(), 20, 0, 40, 1.0f, row.data());
-  for (index_t j = 0; j <= 18; ++j) CHECK(row[static_cast<std::size_t>(j)] == row[0]);    // distance <= -2
+  for (index_t j = 0; j <= 18; ++j) CHECK(row[static_cast<std::size_t>(j)] == row[0]);   // distance <= -2
   for (index_t j = 22; j < 40; ++j) CHECK(row[static_cast<std::size_t>(j)] == row[39]);  // distance >= 2
   s.value_row(p.data(), 20, 0, 40, out.data());
   for (float x : out) CHECK(x == 1.0f);
@@ -105,7 +106,7 @@ TEST_CASE("shaw: far keys share one row; keys-only encoders add no values", "[sh
 TEST_CASE("shaw: usage code of docs/encoders/relative.md", "[shaw][docs]") {
   // --- docs/encoders/relative.md: shaw ---
   // Clip distance K = 4, head_dim 64: aK and aV are (2K + 1, head_dim), shared by the heads.
-  index_t const k = 4, head_dim = 64;
+  posenc::index_t const k = 4, head_dim = 64;
   posenc::relative_table<float> a_k = posenc::relative_table<float>::Constant(2 * k + 1, head_dim, 0.01f);
   posenc::relative_table<float> a_v = posenc::relative_table<float>::Constant(2 * k + 1, head_dim, 0.02f);
   posenc::shaw<float> rel(k, a_k, a_v);

@@ -1,9 +1,8 @@
 // SPDX-License-Identifier: MIT
 // t5_bias: the bucket function against FORMULAS 4.1, bias against the table, bias_row against bias.
-#include <posenc/encoding/t5_bias.hpp>
-
 #include <cmath>
 #include <limits>
+#include <posenc/encoding/t5_bias.hpp>
 #include <random>
 #include <vector>
 
@@ -78,9 +77,8 @@ TEST_CASE("t5_bias: bucket equals the formula for many settings", "[t5]") {
     bool bi;
     index_t nb, md;
   };
-  setting const settings[] = {{true, 32, 128}, {true, 4, 2},  {true, 4, 3},    {true, 10, 50},
-                              {true, 64, 1000}, {false, 32, 128}, {false, 2, 2}, {false, 7, 40},
-                              {false, 3, 5},  {false, 48, 100000}};
+  setting const settings[] = {{true, 32, 128},  {true, 4, 2},  {true, 4, 3},   {true, 10, 50}, {true, 64, 1000},
+                              {false, 32, 128}, {false, 2, 2}, {false, 7, 40}, {false, 3, 5},  {false, 48, 100000}};
   for (auto s : settings) {
     t5_bias<double> t({2, s.bi, s.nb, s.md}, 1);
     for (index_t d = -3000; d <= 3000; ++d) {
@@ -124,8 +122,8 @@ TEMPLATE_TEST_CASE("t5_bias: bias_row equals bias for random rows, heads and off
     bool bi;
     index_t nb, md;
   };
-  setting const settings[] = {{true, 32, 128}, {false, 32, 128}, {true, 4, 2}, {false, 2, 2}, {true, 16, 20},
-                              {false, 9, 1000}};
+  setting const settings[] = {{true, 32, 128}, {false, 32, 128}, {true, 4, 2},
+                              {false, 2, 2},   {true, 16, 20},   {false, 9, 1000}};
   for (auto s : settings) {
     t5_bias<T> t({5, s.bi, s.nb, s.md}, 99, 1.0);
     for (int trial = 0; trial < 300; ++trial) {
@@ -180,14 +178,13 @@ TEST_CASE("t5_bias: usage code of docs/encoders/relative.md", "[t5][docs]") {
   weight[5 * 8 + 2] = 1.5f;  // bucket 5, head 2
   posenc::t5_bias_params enc_params;
   enc_params.heads = 8;  // bidirectional, 32 buckets and 128 by default
-  posenc::t5_bias<float> encoder(enc_params,
-                                 Eigen::Map<const posenc::relative_table<float>>(weight.data(), 32, 8));
+  posenc::t5_bias<float> encoder(enc_params, Eigen::Map<const posenc::relative_table<float>>(weight.data(), 32, 8));
   // The decoder's table (causal buckets), here seeded instead of loaded.
   posenc::t5_bias_params dec_params = enc_params;
   dec_params.bidirectional = false;
   posenc::t5_bias<float> decoder(dec_params, /*seed=*/42, /*stddev=*/0.05);
-  index_t bk = encoder.bucket(-5);    // key 5 before the query: bucket 5
-  float b = encoder.bias(2, 10, 5);  // = weight[bucket(5 - 10), head 2] = 1.5
+  posenc::index_t bk = encoder.bucket(-5);  // key 5 before the query: bucket 5
+  float b = encoder.bias(2, 10, 5);         // = weight[bucket(5 - 10), head 2] = 1.5
   std::vector<float> row(16, 0.0f);
   decoder.bias_row(0, 15, 0, 16, row.data());  // query at 15 against keys 0..15
   // --- end ---

@@ -1,12 +1,11 @@
 // SPDX-License-Identifier: MIT
 // Every bad input of the relative encoders: posenc::error naming the argument, outputs untouched.
+#include <cmath>
+#include <limits>
 #include <posenc/encoding/alibi.hpp>
 #include <posenc/encoding/clipped_bias.hpp>
 #include <posenc/encoding/shaw.hpp>
 #include <posenc/encoding/t5_bias.hpp>
-
-#include <cmath>
-#include <limits>
 #include <string>
 #include <vector>
 
@@ -148,7 +147,8 @@ TEST_CASE("errors: alibi calls; outputs untouched", "[errors][alibi]") {
                       contains("posenc::alibi::add_bias: head is 4, expected 0 .. 3"));
   REQUIRE_THROWS_WITH(a.add_bias(0, -1, 0, posenc::span<float>(out)), contains("q_pos is -1, expected >= 0"));
   REQUIRE_THROWS_WITH(a.add_bias(0, 0, -1, posenc::span<float>(out)), contains("k_pos is -1, expected >= 0"));
-  REQUIRE_THROWS_WITH(sh.add_bias(0, 10, 0, posenc::span<float>(out)), contains("q_pos is 10, expected < 10 (key_length)"));
+  REQUIRE_THROWS_WITH(sh.add_bias(0, 10, 0, posenc::span<float>(out)),
+                      contains("q_pos is 10, expected < 10 (key_length)"));
   REQUIRE_THROWS_WITH(sh.add_bias(0, 9, 6, posenc::span<float>(out)), contains("last k_pos is 10, expected < 10"));
   CHECK(out == before);
   REQUIRE_THROWS_WITH(a.bias(-1, 0, 0), contains("posenc::alibi::bias: head is -1"));
@@ -157,15 +157,18 @@ TEST_CASE("errors: alibi calls; outputs untouched", "[errors][alibi]") {
 }
 
 TEST_CASE("errors: shaw", "[errors][shaw]") {
-  REQUIRE_THROWS_WITH((posenc::shaw<float>(0, table::Zero(1, 4))), contains("posenc::shaw: max_distance is 0, expected >= 1"));
+  REQUIRE_THROWS_WITH((posenc::shaw<float>(0, table::Zero(1, 4))),
+                      contains("posenc::shaw: max_distance is 0, expected >= 1"));
   REQUIRE_THROWS_WITH((posenc::shaw<float>(-2, 4, posenc::shaw_terms::keys, 1)), contains("max_distance is -2"));
-  REQUIRE_THROWS_WITH((posenc::shaw<float>(2, 0, posenc::shaw_terms::keys, 1)), contains("head_dim is 0, expected >= 1"));
+  REQUIRE_THROWS_WITH((posenc::shaw<float>(2, 0, posenc::shaw_terms::keys, 1)),
+                      contains("head_dim is 0, expected >= 1"));
   REQUIRE_THROWS_WITH((posenc::shaw<float>(2, table::Zero(4, 8))),
                       contains("key_table shape is (4, 8), expected (5, 8) (2 * max_distance + 1, head_dim)"));
   REQUIRE_THROWS_WITH((posenc::shaw<float>(2, table::Zero(5, 0))), contains("key_table shape is (5, 0)"));
   REQUIRE_THROWS_WITH((posenc::shaw<float>(2, table::Zero(5, 8), table::Zero(5, 7))),
                       contains("value_table shape is (5, 7), expected (5, 8)"));
-  REQUIRE_THROWS_WITH((posenc::shaw<float>(2, table::Zero(5, 8), table::Zero(3, 8))), contains("value_table shape is (3, 8)"));
+  REQUIRE_THROWS_WITH((posenc::shaw<float>(2, table::Zero(5, 8), table::Zero(3, 8))),
+                      contains("value_table shape is (3, 8)"));
 
   posenc::shaw<float> s(2, 4, posenc::shaw_terms::keys_and_values, 1);
   posenc::shaw<float> keys_only(2, 4, posenc::shaw_terms::keys, 1);

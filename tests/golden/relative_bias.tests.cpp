@@ -1,12 +1,11 @@
 // SPDX-License-Identifier: MIT
 // Relative encoders against golden values from tests/golden/gen_relative_bias.py (numpy, from FORMULAS 4).
+#include <cmath>
+#include <limits>
 #include <posenc/encoding/alibi.hpp>
 #include <posenc/encoding/clipped_bias.hpp>
 #include <posenc/encoding/shaw.hpp>
 #include <posenc/encoding/t5_bias.hpp>
-
-#include <cmath>
-#include <limits>
 #include <string>
 #include <vector>
 
@@ -46,10 +45,9 @@ TEST_CASE("golden: T5 buckets, both modes, several settings, delta -300..300", "
     bool bi;
     index_t nb, md;
   };
-  setting const settings[] = {{true, 32, 128}, {true, 64, 128}, {true, 16, 32},  {true, 4, 3},
-                              {true, 10, 50},  {true, 32, 1000}, {true, 8, 300},  {false, 32, 128},
-                              {false, 16, 64}, {false, 2, 2},    {false, 7, 40},  {false, 48, 1000},
-                              {false, 32, 17}};
+  setting const settings[] = {{true, 32, 128},  {true, 64, 128},   {true, 16, 32},   {true, 4, 3},    {true, 10, 50},
+                              {true, 32, 1000}, {true, 8, 300},    {false, 32, 128}, {false, 16, 64}, {false, 2, 2},
+                              {false, 7, 40},   {false, 48, 1000}, {false, 32, 17}};
   for (auto s : settings) {
     std::string const name =
         std::string("t5_bucket_") + (s.bi ? "bi" : "uni") + "_N" + std::to_string(s.nb) + "_D" + std::to_string(s.md);

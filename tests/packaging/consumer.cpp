@@ -15,6 +15,14 @@ int main() {
     for (posenc::index_t d = 0; d < v.dim; ++d) sum += v(0, s, 0, d);
   if (sum != 136.0f) return 1;
   static_assert(posenc::is_relative_v<posenc::compose<posenc::none>>, "none is relative");
+  // Attention through the reference path: with all-zero keys every score is
+  // 0, so each query gets the mean of the values.
+  std::vector<float> q{1, 2, 3, 4}, k(4, 0.0f), val{1, 2, 3, 6}, out(4, -1.0f);
+  posenc::attention<posenc::path::reference>(posenc::make_bshd<const float>(q.data(), 1, 2, 1, 2),
+                                             posenc::make_bshd<const float>(k.data(), 1, 2, 1, 2),
+                                             posenc::make_bshd<const float>(val.data(), 1, 2, 1, 2),
+                                             posenc::make_bshd(out.data(), 1, 2, 1, 2), posenc::none{});
+  if (out[0] != 2.0f || out[1] != 4.0f || out[2] != 2.0f || out[3] != 4.0f) return 2;
   std::printf("posenc %s on %s ok\n", posenc::version_string(), posenc::simd::arch_name());
   return 0;
 }

@@ -10,12 +10,11 @@
 //     slopes of the largest power of two below it.
 //  4. Under a causal mask the paper, key_only and shifted forms give the same probabilities.
 //  5. Clipped bias and Shaw rows are constant beyond the clip distance.
+#include <cmath>
 #include <posenc/encoding/alibi.hpp>
 #include <posenc/encoding/clipped_bias.hpp>
 #include <posenc/encoding/shaw.hpp>
 #include <posenc/encoding/t5_bias.hpp>
-
-#include <cmath>
 #include <random>
 #include <vector>
 
@@ -91,8 +90,8 @@ TEST_CASE("property 2: shape of the T5 buckets", "[properties]") {
     index_t nb, md;
   };
   for (bool bi : {true, false})
-    for (auto s : {setting{32, 128}, setting{64, 128}, setting{4, 3}, setting{16, 1000}, setting{10, 11},
-                   setting{6, 100}}) {
+    for (auto s :
+         {setting{32, 128}, setting{64, 128}, setting{4, 3}, setting{16, 1000}, setting{10, 11}, setting{6, 100}}) {
       posenc::t5_bias<float> t({1, bi, s.nb, s.md}, 0);
       index_t prev_past = -1, prev_future = -1;
       for (index_t n = 0; n <= 5000; ++n) {
@@ -133,7 +132,8 @@ TEST_CASE("property 3: ALiBi slopes", "[properties]") {
     for (index_t h = 0; h < c; ++h) CHECK(all[static_cast<std::size_t>(h)] == first[static_cast<std::size_t>(h)]);
     // The rest are the odd-numbered slopes of 2c heads: m_1, m_3, m_5, ...
     for (index_t t = 0; t < heads - c; ++t)
-      CHECK(all[static_cast<std::size_t>(c + t)] == posenc_test::Approx(twice[static_cast<std::size_t>(2 * t)]).epsilon(1e-15));
+      CHECK(all[static_cast<std::size_t>(c + t)] ==
+            posenc_test::Approx(twice[static_cast<std::size_t>(2 * t)]).epsilon(1e-15));
     for (std::size_t h = 1; h < all.size(); ++h) CHECK(all[h] > 0.0);
   }
 }

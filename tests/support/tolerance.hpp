@@ -2,10 +2,13 @@
 // The agreement rule of STYLE.md: error vs the double reference <= 2x a plain float implementation's error + atol.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include <posenc/attention/reference.hpp>
 
 namespace posenc_test {
 
@@ -43,3 +46,26 @@ tolerance_report within_tolerance(A const& got, B const& ref, C const& plain, do
 }
 
 }  // namespace posenc_test
+
+
+namespace posenc_test {
+
+/// Path tag of the "plain float implementation" of the tolerance rule: the
+/// reference path accumulating in T instead of double.
+struct plain_path {};
+
+}  // namespace posenc_test
+
+namespace posenc::detail {
+template <>
+struct kernel<posenc_test::plain_path> {
+  static constexpr bool available = true;
+  static constexpr bool provides_scores = true;
+  static constexpr bool rotates_itself = false;
+  template <class T, class E>
+  static void run(attention_plan<T> const& p, view<const T> q, view<const T> k, view<const T> v, view<T> out,
+                  E const& enc) {
+    reference_attention<T>(p, q, k, v, out, enc);
+  }
+};
+}  // namespace posenc::detail

@@ -6,6 +6,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "posenc/attention/fused.hpp"
 #include "posenc/attention/materialized.hpp"
 #include "posenc/attention/options.hpp"
 #include "posenc/attention/plan.hpp"

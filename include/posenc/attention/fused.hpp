@@ -141,7 +141,7 @@ inline void value_micro(typename Tr::value_type const* v, index_t ldv, index_t n
   B al[MQ];
   for (int m = 0; m < MQ; ++m) al[m] = simd::load<T, A>(alpha + m * W);
   for (int r = 0; r < MR; ++r)
-    for (int m = 0; m < MQ; ++m) acc[r][m] = simd::load<T, A>(ot + r * ldo + m * W);
+    for (int m = 0; m < MQ; ++m) acc[r][m] = simd::load<T, A>(ot + r * ldo + m * W) * al[m];
   for (index_t j = 0; j < nk; ++j) {
     B pv[MQ];
     for (int m = 0; m < MQ; ++m) pv[m] = simd::load<T, A>(pt + j * ldp + m * W);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cmath>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -102,8 +103,7 @@ inline void alibi_row(T* out, index_t n, index_t x0, T m) noexcept {
 /// @tparam T float or double.
 template <class T = float>
 class alibi {
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
-                "posenc::alibi: T must be float or double");
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "posenc::alibi: T must be float or double");
 
  public:
   using value_type = T;
@@ -133,8 +133,8 @@ class alibi {
     detail::require(slopes.size() == total_, "posenc::alibi", "slopes has ", slopes.size(), " values, expected ",
                     total_, " (one per head of the model)");
     for (index_t h = 0; h < total_; ++h)
-      detail::require(std::isfinite(static_cast<double>(slopes[h])), "posenc::alibi", "slopes[", h, "] is ",
-                      slopes[h], ", expected a finite number");
+      detail::require(std::isfinite(static_cast<double>(slopes[h])), "posenc::alibi", "slopes[", h, "] is ", slopes[h],
+                      ", expected a finite number");
     for (index_t h = 0; h < heads_; ++h) slopes_.push_back(slopes[first_ + h]);
   }
 
@@ -169,10 +169,14 @@ class alibi {
     check_call("posenc::alibi::bias", head, q_pos, k_pos, 1);
     T const m = slopes_[static_cast<std::size_t>(head)];
     switch (form_) {
-      case alibi_form::paper: return static_cast<T>(k_pos - q_pos) * m;
-      case alibi_form::key_only: return static_cast<T>(k_pos) * m;
-      case alibi_form::shifted: return static_cast<T>(k_pos - (key_length_ - 1)) * m;
-      case alibi_form::symmetric: break;
+      case alibi_form::paper:
+        return static_cast<T>(k_pos - q_pos) * m;
+      case alibi_form::key_only:
+        return static_cast<T>(k_pos) * m;
+      case alibi_form::shifted:
+        return static_cast<T>(k_pos - (key_length_ - 1)) * m;
+      case alibi_form::symmetric:
+        break;
     }
     return static_cast<T>(k_pos - q_pos < 0 ? q_pos - k_pos : k_pos - q_pos) * -m;
   }
@@ -184,10 +188,18 @@ class alibi {
     POSENC_ASSERT(head >= 0 && head < heads_, "alibi::bias_row: head out of range");
     T const m = slopes_[static_cast<std::size_t>(head)];
     switch (form_) {
-      case alibi_form::paper: detail::rel::alibi_row<false>(out, count, k_pos_first - q_pos, m); return;
-      case alibi_form::key_only: detail::rel::alibi_row<false>(out, count, k_pos_first, m); return;
-      case alibi_form::shifted: detail::rel::alibi_row<false>(out, count, k_pos_first - (key_length_ - 1), m); return;
-      case alibi_form::symmetric: detail::rel::alibi_row<true>(out, count, k_pos_first - q_pos, m); return;
+      case alibi_form::paper:
+        detail::rel::alibi_row<false>(out, count, k_pos_first - q_pos, m);
+        return;
+      case alibi_form::key_only:
+        detail::rel::alibi_row<false>(out, count, k_pos_first, m);
+        return;
+      case alibi_form::shifted:
+        detail::rel::alibi_row<false>(out, count, k_pos_first - (key_length_ - 1), m);
+        return;
+      case alibi_form::symmetric:
+        detail::rel::alibi_row<true>(out, count, k_pos_first - q_pos, m);
+        return;
     }
   }
 

@@ -2,14 +2,13 @@
 // Row kernels and checks shared by the relative-position encoders (ALiBi, T5, clipped, Shaw).
 #pragma once
 
+#include <Eigen/Core>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <random>
 #include <type_traits>
 #include <vector>
-
-#include <Eigen/Core>
 
 #include "posenc/core/error.hpp"
 #include "posenc/core/simd.hpp"
@@ -133,10 +132,10 @@ inline void check_head(char const* where, index_t head, index_t heads) {
 
 /// Throws unless the table is rows x cols.
 template <class T>
-void check_table_shape(char const* where, char const* name, Eigen::Ref<const relative_table<T>> const& t,
-                       index_t rows, index_t cols, char const* what) {
-  require(t.rows() == rows && t.cols() == cols, where, name, " shape is (", t.rows(), ", ", t.cols(),
-          "), expected (", rows, ", ", cols, ") ", what);
+void check_table_shape(char const* where, char const* name, Eigen::Ref<const relative_table<T>> const& t, index_t rows,
+                       index_t cols, char const* what) {
+  require(t.rows() == rows && t.cols() == cols, where, name, " shape is (", t.rows(), ", ", t.cols(), "), expected (",
+          rows, ", ", cols, ") ", what);
   for (index_t r = 0; r < t.rows(); ++r)
     for (index_t c = 0; c < t.cols(); ++c)
       require(std::isfinite(static_cast<double>(t(r, c))), where, name, "(", r, ", ", c, ") is ", t(r, c),

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "posenc/core/error.hpp"
@@ -38,7 +39,7 @@ class clipped_bias {
       : k_(max_distance), heads_(heads) {
     check_params("posenc::clipped_bias");
     detail::rel::check_table_shape<T>("posenc::clipped_bias", "table", table, 2 * k_ + 1, heads_,
-                                 "(2 * max_distance + 1, heads)");
+                                      "(2 * max_distance + 1, heads)");
     table_t_ = detail::rel::transpose_table<T>(table);
   }
 

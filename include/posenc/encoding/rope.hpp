@@ -101,6 +101,53 @@ void rope_rotate_scalar(rope_layout layout, T* out, T const* in, T const* c, T c
   }
 }
 
+// The tails (rotary_dim not a multiple of the vector width) go through
+// stack buffers; they live out of line so that the main loops, called once
+// per head row, need no stack frame.
+#if defined(__GNUC__) || defined(__clang__)
+#define POSENC_ROPE_NOINLINE __attribute__((noinline))
+#else
+#define POSENC_ROPE_NOINLINE
+#endif
+
+/// Pairs [k, h) of the half-split kernel, k > h - width.
+template <bool Inverse, class Arch, class T>
+POSENC_ROPE_NOINLINE void rope_rotate_half_tail(T* out, T const* in, T const* c, T const* s, index_t h, index_t k,
+                                                T g) noexcept {
+  using B = simd::batch<T, Arch>;
+  index_t const n = h - k;
+  B const a = simd::load_partial<T, Arch>(in + k, n), b = simd::load_partial<T, Arch>(in + h + k, n);
+  B const cc = simd::load_partial<T, Arch>(c + k, n), ss = simd::load_partial<T, Arch>(s + k, n);
+  B na, nb;
+  if constexpr (!Inverse) {
+    na = simd::fma(a, cc, -(b * ss));
+    nb = simd::fma(b, cc, a * ss);
+  } else {
+    na = simd::fma(a, cc, b * ss) * B(g);
+    nb = simd::fma(b, cc, -(a * ss)) * B(g);
+  }
+  simd::store_partial(out + k, na, n);
+  simd::store_partial(out + h + k, nb, n);
+}
+
+/// Components [k, r) of the interleaved kernel; r and the width are even, so the tail holds whole pairs.
+template <bool Inverse, class Arch, class T>
+POSENC_ROPE_NOINLINE void rope_rotate_interleaved_tail(T* out, T const* in, T const* c, T const* s, index_t r,
+                                                       index_t k, T g) noexcept {
+  using B = simd::batch<T, Arch>;
+  index_t const n = r - k;
+  B const x = simd::load_partial<T, Arch>(in + k, n);
+  B const cc = simd::load_partial<T, Arch>(c + k, n), ss = simd::load_partial<T, Arch>(s + k, n);
+  B const sw = simd::swap_pairs(x);
+  B y;
+  if constexpr (!Inverse) {
+    y = simd::fma(x, cc, sw * ss);
+  } else {
+    y = simd::fma(x, cc, -(sw * ss)) * B(g);
+  }
+  simd::store_partial(out + k, y, n);
+}
+
 /// Half-split layout: two contiguous halves [0, h) and [h, 2h); c, s hold h values.
 template <bool Inverse, class Arch, class T>
 void rope_rotate_half(T* out, T const* in, T const* c, T const* s, index_t h, T g) noexcept {
@@ -125,15 +172,7 @@ void rope_rotate_half(T* out, T const* in, T const* c, T const* s, index_t h, T 
     simd::store(out + k, na);
     simd::store(out + h + k, nb);
   }
-  if (k < h) {
-    index_t const n = h - k;
-    B const a = simd::load_partial<T, Arch>(in + k, n), b = simd::load_partial<T, Arch>(in + h + k, n);
-    B const cc = simd::load_partial<T, Arch>(c + k, n), ss = simd::load_partial<T, Arch>(s + k, n);
-    B na, nb;
-    step(a, b, cc, ss, na, nb);
-    simd::store_partial(out + k, na, n);
-    simd::store_partial(out + h + k, nb, n);
-  }
+  if (k < h) rope_rotate_half_tail<Inverse, Arch>(out, in, c, s, h, k, g);
 }
 
 /// Interleaved layout: x' = fma(x, C, swap_pairs(x) * S) with C = [c0, c0, c1, c1, ...]
@@ -154,13 +193,7 @@ void rope_rotate_interleaved(T* out, T const* in, T const* c, T const* s, index_
   index_t k = 0;
   for (; k + W <= r; k += W)
     simd::store(out + k, step(simd::load<T, Arch>(in + k), simd::load<T, Arch>(c + k), simd::load<T, Arch>(s + k)));
-  if (k < r) {  // r and W are even, so the tail holds whole pairs
-    index_t const n = r - k;
-    simd::store_partial(out + k,
-                        step(simd::load_partial<T, Arch>(in + k, n), simd::load_partial<T, Arch>(c + k, n),
-                             simd::load_partial<T, Arch>(s + k, n)),
-                        n);
-  }
+  if (k < r) rope_rotate_interleaved_tail<Inverse, Arch>(out, in, c, s, r, k, g);
 }
 
 }  // namespace detail

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "posenc/core/error.hpp"
@@ -36,8 +37,7 @@ enum class shaw_terms {
 /// @tparam T float or double.
 template <class T = float>
 class shaw {
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
-                "posenc::shaw: T must be float or double");
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "posenc::shaw: T must be float or double");
 
  public:
   using value_type = T;
@@ -68,7 +68,8 @@ class shaw {
       : k_(max_distance), head_dim_(head_dim) {
     check_k("posenc::shaw");
     detail::require(head_dim_ >= 1, "posenc::shaw", "head_dim is ", head_dim_, ", expected >= 1");
-    ak_ = detail::rel::copy_table<T>(detail::rel::seeded_normal_table<T>("posenc::shaw", 2 * k_ + 1, head_dim_, seed, stddev));
+    ak_ = detail::rel::copy_table<T>(
+        detail::rel::seeded_normal_table<T>("posenc::shaw", 2 * k_ + 1, head_dim_, seed, stddev));
     if (terms == shaw_terms::keys_and_values)
       av_ = detail::rel::copy_table<T>(
           detail::rel::seeded_normal_table<T>("posenc::shaw", 2 * k_ + 1, head_dim_, seed + 1, stddev));
@@ -96,14 +97,16 @@ class shaw {
   }
   /// aV[row, dim]; requires has_values().
   T value_weight(index_t r, index_t dim) const {
-    detail::require(has_values(), "posenc::shaw::value_weight", "value table is absent, expected shaw_terms::keys_and_values");
+    detail::require(has_values(), "posenc::shaw::value_weight",
+                    "value table is absent, expected shaw_terms::keys_and_values");
     check_entry("posenc::shaw::value_weight", r, dim);
     return av_[static_cast<std::size_t>(r * head_dim_ + dim)];
   }
 
   /// Hook: out[j] += scale * (q . aK[clip(k_pos_first + j - q_pos) + K]),
   /// j in [0, count); q has head_dim values. Unchecked.
-  POSENC_ROW_NOINLINE void score_row(T const* q, index_t q_pos, index_t k_pos_first, index_t count, T scale, T* out) const noexcept {
+  POSENC_ROW_NOINLINE void score_row(T const* q, index_t q_pos, index_t k_pos_first, index_t count, T scale,
+                                     T* out) const noexcept {
     if (count <= 0) return;
     index_t d = k_pos_first - q_pos;
     index_t j = 0;
@@ -117,12 +120,14 @@ class shaw {
     for (; j < count && d < k_; ++j, ++d)  // -K < d < K: one row per key
       out[j] += scale * detail::rel::dot(q, ak_.data() + (d + k_) * head_dim_, head_dim_);
     if (j < count)  // distance >= K: row 2K
-      detail::rel::add_constant(out + j, count - j, scale * detail::rel::dot(q, ak_.data() + 2 * k_ * head_dim_, head_dim_));
+      detail::rel::add_constant(out + j, count - j,
+                                scale * detail::rel::dot(q, ak_.data() + 2 * k_ * head_dim_, head_dim_));
   }
 
   /// Hook: out[0..head_dim) += sum_j p[j] * aV[clip(k_pos_first + j - q_pos) + K],
   /// j in [0, count). Does nothing without value embeddings. Unchecked.
-  POSENC_ROW_NOINLINE void value_row(T const* p, index_t q_pos, index_t k_pos_first, index_t count, T* out) const noexcept {
+  POSENC_ROW_NOINLINE void value_row(T const* p, index_t q_pos, index_t k_pos_first, index_t count,
+                                     T* out) const noexcept {
     if (count <= 0 || av_.empty()) return;
     index_t d = k_pos_first - q_pos;
     index_t j = 0;
@@ -133,8 +138,10 @@ class shaw {
       j = len;
       d += len;
     }
-    for (; j < count && d < k_; ++j, ++d) detail::rel::add_scaled(out, p[j], av_.data() + (d + k_) * head_dim_, head_dim_);
-    if (j < count) detail::rel::add_scaled(out, detail::rel::sum(p + j, count - j), av_.data() + 2 * k_ * head_dim_, head_dim_);
+    for (; j < count && d < k_; ++j, ++d)
+      detail::rel::add_scaled(out, p[j], av_.data() + (d + k_) * head_dim_, head_dim_);
+    if (j < count)
+      detail::rel::add_scaled(out, detail::rel::sum(p + j, count - j), av_.data() + 2 * k_ * head_dim_, head_dim_);
   }
 
   /// Checked score_row: q has head_dim values, out one per key; throws
@@ -161,18 +168,17 @@ class shaw {
   }
 
  private:
-  void check_k(char const* where) const {
-    detail::require(k_ >= 1, where, "max_distance is ", k_, ", expected >= 1");
-  }
+  void check_k(char const* where) const { detail::require(k_ >= 1, where, "max_distance is ", k_, ", expected >= 1"); }
 
-  void check_tables(Eigen::Ref<const table_type> const& key_table, Eigen::Ref<const table_type> const* value_table) const {
+  void check_tables(Eigen::Ref<const table_type> const& key_table,
+                    Eigen::Ref<const table_type> const* value_table) const {
     detail::require(head_dim_ >= 1, "posenc::shaw", "key_table shape is (", key_table.rows(), ", ", key_table.cols(),
                     "), expected (", 2 * k_ + 1, ", head_dim >= 1)");
     detail::rel::check_table_shape<T>("posenc::shaw", "key_table", key_table, 2 * k_ + 1, head_dim_,
-                                 "(2 * max_distance + 1, head_dim)");
+                                      "(2 * max_distance + 1, head_dim)");
     if (value_table)
       detail::rel::check_table_shape<T>("posenc::shaw", "value_table", *value_table, 2 * k_ + 1, head_dim_,
-                                   "(2 * max_distance + 1, head_dim of key_table)");
+                                        "(2 * max_distance + 1, head_dim of key_table)");
   }
 
   void check_entry(char const* where, index_t r, index_t dim) const {

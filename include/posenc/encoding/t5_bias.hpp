@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "posenc/core/error.hpp"
@@ -41,8 +42,7 @@ struct t5_bias_params {
 /// @tparam T float or double.
 template <class T = float>
 class t5_bias {
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
-                "posenc::t5_bias: T must be float or double");
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "posenc::t5_bias: T must be float or double");
 
  public:
   using value_type = T;
@@ -53,7 +53,7 @@ class t5_bias {
   t5_bias(t5_bias_params const& p, Eigen::Ref<const table_type> const& table) : p_(p) {
     check_params("posenc::t5_bias");
     detail::rel::check_table_shape<T>("posenc::t5_bias", "table", table, p_.num_buckets, p_.heads,
-                                 "(num_buckets, heads)");
+                                      "(num_buckets, heads)");
     table_t_ = detail::rel::transpose_table<T>(table);
     build_runs();
   }
@@ -159,8 +159,8 @@ class t5_bias {
                       ", expected >= 2 (unidirectional)");
     }
     index_t const half = p_.bidirectional ? p_.num_buckets / 2 : p_.num_buckets;
-    detail::require(p_.max_distance > half / 2, where, "max_distance is ", p_.max_distance, ", expected > ",
-                    half / 2, " (max_exact = ", p_.bidirectional ? "num_buckets / 4" : "num_buckets / 2", ")");
+    detail::require(p_.max_distance > half / 2, where, "max_distance is ", p_.max_distance, ", expected > ", half / 2,
+                    " (max_exact = ", p_.bidirectional ? "num_buckets / 4" : "num_buckets / 2", ")");
   }
 
   void check_call(char const* where, index_t head, index_t q_pos, index_t k_pos) const {

@@ -1,0 +1,168 @@
+// SPDX-License-Identifier: MIT
+// Attention paths (fused, materialized) in float beside the in-run FMA peak, Eigen GEMMs of the same shapes and a K/V stream read.
+//
+// GFLOP/s counts 4 * D * H per visible (query, key) pair: 2 D for q.k and 2 D
+// for p.v (full: Sq * Sk pairs; causal: Sk (Sk + 1) / 2 when Sq == Sk).
+#include <posenc/attention/attention.hpp>
+#include <posenc/attention/fused.hpp>
+#include <posenc/encoding/alibi.hpp>
+#include <posenc/encoding/none.hpp>
+#include <posenc/encoding/rope.hpp>
+#include <posenc/encoding/t5_bias.hpp>
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "support/baselines.hpp"
+
+namespace {
+
+using posenc::index_t;
+
+struct config {
+  index_t Sq, Sk, Hq, Hkv, D;
+  bool causal;
+  int threads;
+};
+
+double visible_pairs(config const& c) {
+  if (!c.causal) return static_cast<double>(c.Sq) * static_cast<double>(c.Sk);
+  double s = 0;  // bottom-right aligned: query i sees Sk - Sq + i + 1 keys
+  for (index_t i = 0; i < c.Sq; ++i) s += static_cast<double>(c.Sk - c.Sq + i + 1);
+  return s;
+}
+
+std::vector<float> random_floats(std::size_t n, std::uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = dist(gen);
+  return v;
+}
+
+enum class enc_kind { none, rope, alibi, t5 };
+
+template <class Path>
+void attention_bench(benchmark::State& state, config c, enc_kind kind) {
+  auto q = random_floats(static_cast<std::size_t>(c.Sq * c.Hq * c.D), 1);
+  auto k = random_floats(static_cast<std::size_t>(c.Sk * c.Hkv * c.D), 2);
+  auto v = random_floats(static_cast<std::size_t>(c.Sk * c.Hkv * c.D), 3);
+  std::vector<float> out(static_cast<std::size_t>(c.Sq * c.Hq * c.D));
+  auto qv = posenc::make_bshd<const float>(q.data(), 1, c.Sq, c.Hq, c.D);
+  auto kv = posenc::make_bshd<const float>(k.data(), 1, c.Sk, c.Hkv, c.D);
+  auto vv = posenc::make_bshd<const float>(v.data(), 1, c.Sk, c.Hkv, c.D);
+  auto ov = posenc::make_bshd(out.data(), 1, c.Sq, c.Hq, c.D);
+  posenc::attention_options<float> opt;
+  opt.causal = c.causal;
+  opt.threads = c.threads;
+  posenc::rope<float> rope(posenc::rope_layout::half_split, c.D);
+  posenc::alibi<float> alibi(posenc::alibi_form::paper, c.Hq);
+  posenc::t5_bias<float> t5(posenc::t5_bias_params{c.Hq, !c.causal, 32, 128}, 7);
+  for (auto _ : state) {
+    switch (kind) {
+      case enc_kind::none: posenc::attention<Path>(qv, kv, vv, ov, posenc::none{}, opt); break;
+      case enc_kind::rope: posenc::attention<Path>(qv, kv, vv, ov, rope, opt); break;
+      case enc_kind::alibi: posenc::attention<Path>(qv, kv, vv, ov, alibi, opt); break;
+      case enc_kind::t5: posenc::attention<Path>(qv, kv, vv, ov, t5, opt); break;
+    }
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  }
+  double const flops = 4.0 * static_cast<double>(c.D) * static_cast<double>(c.Hq) * visible_pairs(c);
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(flops * 1e-9 * static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
+  state.counters["S"] = static_cast<double>(c.Sk);
+  state.counters["D"] = static_cast<double>(c.D);
+  state.counters["threads"] = c.threads;
+  // K and V read once per call (the decode lower bound).
+  state.SetBytesProcessed(state.iterations() * 2 * c.Sk * c.Hkv * c.D * static_cast<std::int64_t>(sizeof(float)));
+}
+
+/// Reads `bytes` of float once (vector sum): the time to stream K and V.
+void stream_read_baseline(benchmark::State& state, std::int64_t bytes, int threads) {
+  std::int64_t const n = bytes / 4;
+  auto x = random_floats(static_cast<std::size_t>(n), 5);
+  using B = posenc::simd::batch<float>;
+  constexpr std::int64_t W = posenc::simd::width<float>;
+  for (auto _ : state) {
+    std::vector<float> part(static_cast<std::size_t>(threads), 0.0f);
+    std::int64_t const chunk = (n / threads + W - 1) / W * W;
+    posenc::parallel_for(threads, threads, [&](index_t t) {
+      std::int64_t const lo = t * chunk, hi = std::min(n, lo + chunk);
+      B a0(0.0f), a1(0.0f), a2(0.0f), a3(0.0f);
+      std::int64_t i = lo;
+      for (; i + 4 * W <= hi; i += 4 * W) {
+        a0 = a0 + posenc::simd::load(x.data() + i);
+        a1 = a1 + posenc::simd::load(x.data() + i + W);
+        a2 = a2 + posenc::simd::load(x.data() + i + 2 * W);
+        a3 = a3 + posenc::simd::load(x.data() + i + 3 * W);
+      }
+      float s = posenc::simd::reduce_add((a0 + a1) + (a2 + a3));
+      for (; i < hi; ++i) s += x[static_cast<std::size_t>(i)];
+      part[static_cast<std::size_t>(t)] = s;
+    });
+    benchmark::DoNotOptimize(part.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(state.iterations() * bytes);
+}
+
+std::string name_of(std::string const& path, config const& c, std::string const& extra = "") {
+  return "attention/" + path + (extra.empty() ? "" : "_" + extra) + "/" + (c.causal ? "causal" : "full") +
+         "/H" + std::to_string(c.Hq) + "_Hkv" + std::to_string(c.Hkv) + "/Sq" + std::to_string(c.Sq) + "_Sk" +
+         std::to_string(c.Sk) + "/D" + std::to_string(c.D) + "/threads:" + std::to_string(c.threads);
+}
+
+template <class Path>
+void add(std::string const& path, config c, enc_kind kind = enc_kind::none, std::string const& extra = "") {
+  benchmark::RegisterBenchmark(name_of(path, c, extra).c_str(),
+                               [c, kind](benchmark::State& s) { attention_bench<Path>(s, c, kind); })
+      ->Unit(benchmark::kMillisecond)
+      ->UseRealTime()
+      ->MinTime(0.3);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using posenc::path::fused;
+  using posenc::path::materialized;
+  posenc_bench::register_fma_peak();
+  for (index_t S : {512, 1024, 4096}) {
+    for (index_t D : {64, 128}) {
+      posenc_bench::register_gemm("qk/S" + std::to_string(S) + "_D" + std::to_string(D), S, S, D);
+      posenc_bench::register_gemm("pv/S" + std::to_string(S) + "_D" + std::to_string(D), S, D, S);
+      for (bool causal : {false, true}) {
+        add<fused>("fused", {S, S, 8, 8, D, causal, 1});
+        add<materialized>("materialized", {S, S, 8, 8, D, causal, 1});
+      }
+    }
+  }
+  // Two threads.
+  for (bool causal : {false, true}) add<fused>("fused", {4096, 4096, 8, 8, 128, causal, 2});
+  // Grouped-query attention: 32 query heads over 8 kv heads, against H = 8 above.
+  add<fused>("fused", {1024, 1024, 32, 8, 128, false, 1});
+  add<fused>("fused", {1024, 1024, 32, 8, 128, true, 1});
+  // Decode: one query against 4096 cached keys, and the time to read K and V once.
+  for (int t : {1, 2}) {
+    add<fused>("fused", {1, 4096, 8, 8, 128, true, t});
+    std::int64_t const bytes = 2ll * 4096 * 8 * 128 * 4;
+    benchmark::RegisterBenchmark(("baseline/stream_read/K+V_4096x8x128/threads:" + std::to_string(t)).c_str(),
+                                 [bytes, t](benchmark::State& s) { stream_read_baseline(s, bytes, t); })
+        ->Unit(benchmark::kMicrosecond)
+        ->UseRealTime();
+  }
+  // Encoders fused in, against plain at the same shape.
+  for (index_t S : {1024, 4096})
+  for (bool causal : {false, true}) {
+    add<fused>("fused", {S, S, 8, 8, 128, causal, 1}, enc_kind::rope, "rope");
+    add<fused>("fused", {S, S, 8, 8, 128, causal, 1}, enc_kind::alibi, "alibi");
+    add<fused>("fused", {S, S, 8, 8, 128, causal, 1}, enc_kind::t5, "t5");
+  }
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,0 +1,118 @@
+#!/usr/bin/python3
+# SPDX-License-Identifier: MIT
+# Draws GFLOP/s against S for each attention path, with the in-run GEMM and FMA peak lines, from Google Benchmark JSON.
+"""Usage: /usr/bin/python3 scripts/plot_bench.py attention.json [docs/img/attention_gflops.png] [--table]
+
+Reads the JSON written by `posenc_bench_attention --benchmark_out=attention.json
+--benchmark_out_format=json`. Single-thread rates are computed from the
+process CPU time (the bench machine is shared; CPU time excludes the time the
+thread waited for a core); two-thread rates from the wall-clock time.
+With --table, prints the Markdown table of docs/performance.md.
+"""
+import json
+import re
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def rate(b):
+    """GFLOP/s of one benchmark entry (CPU time for one thread, wall time otherwise)."""
+    g = b.get("GFLOP/s")
+    if g is None:
+        return None
+    threads = b.get("threads", 1)
+    name = b["name"]
+    m = re.search(r"threads:(\d+)", name)
+    if m:
+        threads = int(m.group(1))
+    if threads == 1 and b.get("cpu_time", 0) > 0:
+        return g * b["real_time"] / b["cpu_time"]
+    return g
+
+
+def load(path):
+    with open(path) as f:
+        data = json.load(f)
+    return [b for b in data["benchmarks"] if b.get("run_type", "iteration") == "iteration"]
+
+
+def parse(benches):
+    peak = None
+    gemm = {}  # (kind, S, D) -> GFLOP/s
+    att = {}  # (path, mask, H, Hkv, Sq, Sk, D, threads) -> entry
+    for b in benches:
+        n = b["name"]
+        if n.startswith("baseline/fma_peak"):
+            peak = rate(b)
+            continue
+        m = re.match(r"baseline/gemm/(qk|pv)/S(\d+)_D(\d+)", n)
+        if m:
+            gemm[(m.group(1), int(m.group(2)), int(m.group(3)))] = rate(b)
+            continue
+        m = re.match(r"attention/([a-z0-9_]+)/(full|causal)/H(\d+)_Hkv(\d+)/Sq(\d+)_Sk(\d+)/D(\d+)/threads:(\d+)", n)
+        if m:
+            key = (m.group(1), m.group(2), int(m.group(3)), int(m.group(4)), int(m.group(5)), int(m.group(6)),
+                   int(m.group(7)), int(m.group(8)))
+            att[key] = {"gflops": rate(b), "ms": (b["cpu_time"] if key[-1] == 1 else b["real_time"]),
+                        "unit": b.get("time_unit", "ms")}
+    return peak, gemm, att
+
+
+def plot(peak, gemm, att, out):
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    for ax, D in zip(axes, (64, 128)):
+        for path, style in (("fused", "o-"), ("materialized", "s--")):
+            for mask in ("full", "causal"):
+                pts = sorted((k[5], v["gflops"]) for k, v in att.items()
+                             if k[0] == path and k[1] == mask and k[2] == 8 and k[3] == 8 and k[4] == k[5]
+                             and k[6] == D and k[7] == 1)
+                if pts:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=f"{path} {mask}")
+        g = sorted((k[1], v) for k, v in gemm.items() if k[0] == "qk" and k[2] == D)
+        if g:
+            ax.plot([p[0] for p in g], [p[1] for p in g], ":", color="gray", label="Eigen GEMM (S x S x D)")
+        if peak:
+            ax.axhline(peak, color="black", linewidth=0.8, label="FMA peak (1 core)")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("S (Sq = Sk), H = 8")
+        ax.set_title(f"float, head_dim {D}, 1 thread")
+        ax.grid(True, alpha=0.3)
+    axes[0].set_ylabel("GFLOP/s")
+    axes[1].legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(out, dpi=80)
+
+
+def table(peak, gemm, att):
+    rows = ["| path | mask | H / Hkv | Sq x Sk | D | threads | time (ms) | GFLOP/s | / FMA peak | / GEMM |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
+    for k in sorted(att, key=lambda k: (k[0], k[6], k[5], k[1], k[2], k[7])):
+        v = att[k]
+        g = gemm.get(("qk", k[5], k[6]))
+        ratio_peak = v["gflops"] / (peak * k[7]) if peak else float("nan")
+        ratio_gemm = f"{v['gflops'] / g:.2f}" if g and k[4] == k[5] else "-"
+        rows.append(f"| {k[0]} | {k[1]} | {k[2]} / {k[3]} | {k[4]} x {k[5]} | {k[6]} | {k[7]} | {v['ms']:.2f} | "
+                    f"{v['gflops']:.1f} | {ratio_peak:.2f} | {ratio_gemm} |")
+    return "\n".join(rows)
+
+
+def main(argv):
+    args = [a for a in argv[1:] if not a.startswith("--")]
+    if not args:
+        print(__doc__)
+        return 2
+    out = args[1] if len(args) > 1 else "docs/img/attention_gflops.png"
+    peak, gemm, att = parse(load(args[0]))
+    plot(peak, gemm, att, out)
+    if "--table" in argv:
+        print(f"FMA peak (1 core): {peak:.1f} GFLOP/s" if peak else "no FMA peak in the run")
+        print(table(peak, gemm, att))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

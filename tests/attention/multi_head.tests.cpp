@@ -1,0 +1,102 @@
+// SPDX-License-Identifier: MIT
+// multi_head_attention<Encoder, T>: projections, encoders, batching, against plain loops.
+#include <posenc/attention/multi_head.hpp>
+#include <posenc/encoding/none.hpp>
+#include <posenc/encoding/sinusoidal.hpp>
+
+#include <cmath>
+#include <vector>
+
+#include "support/catch.hpp"
+#include "support/random.hpp"
+
+using posenc::index_t;
+using posenc_test::random_vector;
+
+namespace {
+
+/// y = x W^T + b for row-major x (n, in), W (out, in).
+std::vector<double> linear(std::vector<double> const& x, index_t n, index_t in, std::vector<double> const& w,
+                           index_t out, std::vector<double> const* b) {
+  std::vector<double> y(static_cast<std::size_t>(n * out));
+  for (index_t r = 0; r < n; ++r)
+    for (index_t o = 0; o < out; ++o) {
+      double s = b ? (*b)[static_cast<std::size_t>(o)] : 0.0;
+      for (index_t i = 0; i < in; ++i) s += x[static_cast<std::size_t>(r * in + i)] * w[static_cast<std::size_t>(o * in + i)];
+      y[static_cast<std::size_t>(r * out + o)] = s;
+    }
+  return y;
+}
+
+}  // namespace
+
+TEST_CASE("multi_head_attention: prefill equals projections + softmax attention written out", "[module]") {
+  index_t const B = 2, S = 5, M = 12, Hq = 4, Hkv = 2, D = 3, Dv = 2;
+  auto wq = random_vector<double>(static_cast<std::size_t>(Hq * D * M), 1);
+  auto wk = random_vector<double>(static_cast<std::size_t>(Hkv * D * M), 2);
+  auto wv = random_vector<double>(static_cast<std::size_t>(Hkv * Dv * M), 3);
+  auto wo = random_vector<double>(static_cast<std::size_t>(M * Hq * Dv), 4);
+  auto bq = random_vector<double>(static_cast<std::size_t>(Hq * D), 5);
+  auto bk = random_vector<double>(static_cast<std::size_t>(Hkv * D), 6);
+  auto bv = random_vector<double>(static_cast<std::size_t>(Hkv * Dv), 7);
+  auto bo = random_vector<double>(static_cast<std::size_t>(M), 8);
+  auto x = random_vector<double>(static_cast<std::size_t>(B * S * M), 9);
+  bool const causal = GENERATE(false, true);
+  bool const absolute = GENERATE(false, true);
+  posenc::sinusoidal<double> pe(M);
+
+  std::vector<double> y(x.size(), 0.0);
+  posenc::attention_options<double> opt;
+  opt.causal = causal;
+  if (absolute) {
+    posenc::multi_head_attention<posenc::sinusoidal<double>, double> m({M, Hq, Hkv, D, Dv}, pe);
+    m.load(wq.data(), wk.data(), wv.data(), wo.data(), bq.data(), bk.data(), bv.data(), bo.data());
+    m.forward(posenc::make_bsd<const double>(x.data(), B, S, M), posenc::make_bsd(y.data(), B, S, M), opt);
+  } else {
+    posenc::multi_head_attention<posenc::none, double> m({M, Hq, Hkv, D, Dv}, {});
+    m.load(wq.data(), wk.data(), wv.data(), wo.data(), bq.data(), bk.data(), bv.data(), bo.data());
+    m.forward(posenc::make_bsd<const double>(x.data(), B, S, M), posenc::make_bsd(y.data(), B, S, M), opt);
+  }
+
+  auto xe = x;
+  if (absolute) pe.add_to(posenc::make_bsd(xe.data(), B, S, M), posenc::position_span(0));
+  auto Q = linear(xe, B * S, M, wq, Hq * D, &bq), K = linear(xe, B * S, M, wk, Hkv * D, &bk);
+  auto V = linear(xe, B * S, M, wv, Hkv * Dv, &bv);
+  std::vector<double> O(static_cast<std::size_t>(B * S * Hq * Dv), 0.0);
+  for (index_t b = 0; b < B; ++b)
+    for (index_t h = 0; h < Hq; ++h)
+      for (index_t i = 0; i < S; ++i) {
+        index_t const g = h / (Hq / Hkv);
+        std::vector<double> s(static_cast<std::size_t>(S));
+        double mx = -INFINITY, sum = 0;
+        index_t const last = causal ? i : S - 1;
+        for (index_t j = 0; j <= last; ++j) {
+          double d = 0;
+          for (index_t t = 0; t < D; ++t) d += Q[static_cast<std::size_t>((b * S + i) * Hq * D + h * D + t)] * K[static_cast<std::size_t>((b * S + j) * Hkv * D + g * D + t)];
+          s[j] = d / std::sqrt(double(D));
+          mx = std::max(mx, s[j]);
+        }
+        for (index_t j = 0; j <= last; ++j) sum += (s[j] = std::exp(s[j] - mx));
+        for (index_t j = 0; j <= last; ++j)
+          for (index_t t = 0; t < Dv; ++t)
+            O[static_cast<std::size_t>((b * S + i) * Hq * Dv + h * Dv + t)] += s[j] / sum * V[static_cast<std::size_t>((b * S + j) * Hkv * Dv + g * Dv + t)];
+      }
+  auto Y = linear(O, B * S, Hq * Dv, wo, M, &bo);
+  CHECK(posenc_test::max_abs_diff(y, Y) < 1e-12);
+}
+
+TEST_CASE("multi_head_attention: a batch equals its entries run alone; float matches double", "[module]") {
+  index_t const B = 3, S = 6, M = 16;
+  auto w = random_vector<float>(static_cast<std::size_t>(4 * M * M), 11, -0.3, 0.3);
+  auto x = random_vector<float>(static_cast<std::size_t>(B * S * M), 12);
+  posenc::multi_head_attention<posenc::none, float> m({M, 4, 1, 0, 0}, {});
+  m.load(w.data(), w.data() + M * M, w.data() + M * M + 4 * M, w.data() + 2 * M * M);
+  CHECK(m.config().head_dim == 4);
+  std::vector<float> y(x.size()), y1(static_cast<std::size_t>(S * M));
+  m.forward(posenc::make_bsd<const float>(x.data(), B, S, M), posenc::make_bsd(y.data(), B, S, M));
+  for (index_t b = 0; b < B; ++b) {
+    m.forward(posenc::make_bsd<const float>(x.data() + b * S * M, 1, S, M), posenc::make_bsd(y1.data(), 1, S, M));
+    for (index_t n = 0; n < S * M; ++n)
+      CHECK(y1[static_cast<std::size_t>(n)] == posenc_test::Approx(y[static_cast<std::size_t>(b * S * M + n)]).margin(1e-6));
+  }
+}
