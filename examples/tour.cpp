@@ -314,6 +314,23 @@ int main(int argc, char** argv) {
   table.push_back(measure("rope + alibi", rope_alibi, m));
   print_table(table);
 
+  // What the table must show; the tour fails (and ctest with it) when it does not.
+  int unexpected = 0;
+  for (auto const& r : table) {
+    bool const is_none = r.name == "none";
+    auto expect = [&](bool ok, char const* what) {
+      if (!ok) {
+        std::printf("UNEXPECTED: %s: %s\n", r.name.c_str(), what);
+        ++unexpected;
+      }
+    };
+    expect(is_none ? r.perm_error < 1e-4 : r.perm_error > 1e-3,
+           is_none ? "perm.err should be ~0 without an encoder" : "perm.err should be large (order is visible)");
+    expect(r.relative ? r.shift_error < 1e-4 : r.shift_error > 1e-3,
+           r.relative ? "shift.err should be ~0 for a relative encoder" : "shift.err should be large (absolute)");
+  }
+  std::printf("%s\n", unexpected == 0 ? "Checks: every row behaves as its traits say." : "Checks FAILED.");
+
   // --- Pictures -------------------------------------------------------------
   std::filesystem::create_directories(out_dir);
   writer write{out_dir};
@@ -406,5 +423,5 @@ int main(int argc, char** argv) {
     write("learned_interpolation.png", px::side_by_side({before, after_img}, 2, 8),
           "learned table, before / after extended(256)");
   }
-  return 0;
+  return unexpected == 0 ? 0 : 1;
 }

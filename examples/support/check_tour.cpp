@@ -13,6 +13,7 @@
 #endif
 
 #include <cstdio>
+#include <filesystem>
 #include <string>
 #include <utility>
 #include <vector>
@@ -83,10 +84,13 @@ int main(int argc, char** argv) {
       continue;
     }
     stbi_image_free(pixels);
+    // The same files go to docs/img, where each must stay under 200 KB.
+    auto const bytes = std::filesystem::file_size(path);
     bool ok = static_cast<int>(h.width) == e.size.first && static_cast<int>(h.height) == e.size.second &&
-              w == e.size.first && hh == e.size.second;
-    std::printf("%s %s: IHDR %ux%u, decoded %dx%d, expected %dx%d\n", ok ? "ok  " : "FAIL", path.c_str(),
-                h.width, h.height, w, hh, e.size.first, e.size.second);
+              w == e.size.first && hh == e.size.second && bytes < 200 * 1024;
+    std::printf("%s %s: IHDR %ux%u, decoded %dx%d, expected %dx%d, %ju bytes (limit 204800)\n",
+                ok ? "ok  " : "FAIL", path.c_str(), h.width, h.height, w, hh, e.size.first, e.size.second,
+                static_cast<std::uintmax_t>(bytes));
     if (!ok) ++failures;
   }
   std::printf("%d picture(s) wrong\n", failures);

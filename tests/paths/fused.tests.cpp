@@ -468,3 +468,14 @@ TEST_CASE("fused: no allocation grows with Sq x Sk", "[fused]") {
     CHECK(large.first < 2048 * 2048 / 16);
   }
 }
+
+TEST_CASE("simd::gather reads a column of a row-major block", "[fused][simd]") {
+  using B = posenc::simd::batch<float>;
+  constexpr index_t n = static_cast<index_t>(B::size), stride = 67;
+  std::vector<float> in(static_cast<std::size_t>(n * stride));
+  for (std::size_t i = 0; i < in.size(); ++i) in[i] = static_cast<float>(i);
+  auto const idx = posenc::simd::strided_index<float>(stride);
+  float out[B::size];
+  posenc::simd::store(out, posenc::simd::gather(in.data() + 5, idx));
+  for (index_t t = 0; t < n; ++t) CHECK(out[t] == static_cast<float>(5 + t * stride));
+}

@@ -199,7 +199,8 @@ struct lane_sizes {
   }
   static index_t shared_elements(index_t D) noexcept {
     index_t const bq = Tr::block_q, bk = Tr::block_kv;
-    return 2 * bk * bq + bq * D + 2 * bq + bk + 96;  // st, bt, qrow, rlo/rhi, tmp
+    (void)D;
+    return 2 * bk * bq + 2 * bq + 96;  // st, brow, rlo/rhi
   }
   static index_t elements(index_t D, index_t Dv) noexcept {
     return Tr::blocks_per_item * block_elements(D, Dv) + shared_elements(D);
@@ -247,10 +248,11 @@ void lane_item(attention_plan<T> const& p, view<const T> q, view<const T> k, vie
     bl.alpha = c.take(BQ);
   }
   T* st = c.take(BK * BQ);
-  T* bt = c.take(BK * BQ);
+  T* brow = c.take(BQ * BK);
   T* rlo = c.take(BQ);
   T* rhi = c.take(BQ);
-  T* tmp = c.take(BK);
+
+  auto const column = simd::strided_index<T, A>(BK);  // a column of brow
 
   // Block setup: transposed queries, statistics, visible key ranges.
   index_t kfirst = far_key, klast = 0;
@@ -314,16 +316,18 @@ void lane_item(attention_plan<T> const& p, view<const T> q, view<const T> k, vie
       }
       bool const full = bl.exact && bl.all_first <= t0 && bl.all_last >= t0 + nk;
       if (general || !bl.exact) {
-        // Per (row, key): encoder bias, masks and visibility, added transposed.
+        // Per (row, key): encoder bias, masks and visibility, one row per
+        // query in brow (BQ, BK); the softmax pass reads its columns.
         for (index_t l = 0; l < BQ; ++l) {
+          T* row = brow + l * BK;
           if (l >= bl.rows) {
-            for (index_t j = 0; j < nk; ++j) bt[j * BQ + l] = ninf;
+            std::fill(row, row + nk, ninf);
             continue;
           }
           index_t const r = bl.row0 + l, i = r / G, h = hk * G + r % G;
-          encoder_terms(p, enc, q.ptr(b, i, h), b, h, i, t0, nk, false, true, tmp);
-          apply_masks(p, b, h, i, t0, nk, tmp);
-          for (index_t j = 0; j < nk; ++j) bt[j * BQ + l] = tmp[j];
+          encoder_terms(p, enc, q.ptr(b, i, h), b, h, i, t0, nk, false, true, row);
+          bool const covers = bl.exact && bl.lo[l] <= t0 && bl.hi[l] >= t0 + nk;
+          if (!covers || p.has_masks()) apply_masks(p, b, h, i, t0, nk, row);
         }
       } else if (!full) {
         for (index_t l = 0; l < BQ; ++l) {
@@ -341,7 +345,7 @@ void lane_item(attention_plan<T> const& p, view<const T> q, view<const T> k, vie
           B s = simd::load<T, A>(st + j * BQ + o) * B(scale);
           if (cap > 0) s = B(cap) * simd::tanh(s * B(inv_cap));
           if (general || !bl.exact) {
-            s = s + simd::load<T, A>(bt + j * BQ + o);
+            s = s + simd::gather(brow + o * BK + j, column);
           } else if (!full) {
             B const jj(static_cast<T>(j));
             s = simd::select((jj >= lo) & (jj < hi), s, B(ninf));

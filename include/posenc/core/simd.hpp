@@ -104,6 +104,25 @@ inline batch<T, Arch> tanh(batch<T, Arch> const& x) noexcept {
   return xsimd::tanh(x);
 }
 
+/// Integer type of the same width as T (gather indices).
+template <class T>
+using index_lane_t = std::conditional_t<sizeof(T) == 4, std::int32_t, std::int64_t>;
+
+/// Indices 0, stride, 2 stride, ... for gather().
+template <class T, class Arch = default_arch>
+inline xsimd::batch<index_lane_t<T>, Arch> strided_index(index_t stride) noexcept {
+  using I = index_lane_t<T>;
+  alignas(Arch::alignment()) I idx[batch<T, Arch>::size];
+  for (std::size_t i = 0; i < batch<T, Arch>::size; ++i) idx[i] = static_cast<I>(static_cast<index_t>(i) * stride);
+  return xsimd::batch<I, Arch>::load_aligned(idx);
+}
+
+/// Lanes p[idx[0]], p[idx[1]], ... (a column of a row-major block).
+template <class T, class Arch>
+inline batch<T, Arch> gather(T const* p, xsimd::batch<index_lane_t<T>, Arch> const& idx) noexcept {
+  return batch<T, Arch>::gather(p, idx);
+}
+
 /// Architectural vector registers of Arch: 32 with AVX-512, else 16. Kernels
 /// size their register blocks from it (accumulators + operands must fit).
 template <class Arch = default_arch>

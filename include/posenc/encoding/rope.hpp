@@ -154,7 +154,7 @@ void rope_rotate_half(T* out, T const* in, T const* c, T const* s, index_t h, T 
   using B = simd::batch<T, Arch>;
   constexpr index_t W = simd::width<T, Arch>;
   B const gg(g);
-  auto step = [&gg](B const& a, B const& b, B const& cc, B const& ss, B& na, B& nb) {
+  auto step = [&](B const& a, B const& b, B const& cc, B const& ss, B& na, B& nb) {
     if constexpr (!Inverse) {
       na = simd::fma(a, cc, -(b * ss));
       nb = simd::fma(b, cc, a * ss);
@@ -182,7 +182,7 @@ void rope_rotate_interleaved(T* out, T const* in, T const* c, T const* s, index_
   using B = simd::batch<T, Arch>;
   constexpr index_t W = simd::width<T, Arch>;
   B const gg(g);
-  auto step = [&gg](B const& x, B const& cc, B const& ss) {
+  auto step = [&](B const& x, B const& cc, B const& ss) {
     B const sw = simd::swap_pairs(x);
     if constexpr (!Inverse) {
       return simd::fma(x, cc, sw * ss);
