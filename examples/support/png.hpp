@@ -164,6 +164,7 @@ class image {
 // ---------------------------------------------------------------------------
 // Text: a 5x7 bitmap font (digits, capital letters, a few signs), 6 px per character.
 
+/// Glyph size and the horizontal step from one character to the next, in pixels at scale 1.
 inline constexpr int glyph_w = 5, glyph_h = 7, char_advance = 6;
 
 namespace detail {
@@ -401,15 +402,18 @@ struct plot_style {
   bool log_x = false;             ///< log10 x axis (x must be > 0)
 };
 
+/// Fixed margins around the plot area of render_curves.
 struct plot_layout {
   static constexpr int left = 48, top = 28, bottom = 20, right = 16;
 };
 
+/// Size in pixels of the image render_curves draws with style `s`.
 inline std::pair<int, int> plot_size(plot_style const& s) {
   return {plot_layout::left + s.width + plot_layout::right, plot_layout::top + s.height + plot_layout::bottom};
 }
 
-/// Draws the curves in one frame with ticks on both axes and a legend (top right).
+/// Draws the curves in one frame with ticks on both axes and a legend (top
+/// right). The y axis starts at 0 (or below, for negative data).
 inline image render_curves(std::vector<curve> const& curves, plot_style const& s) {
   auto [w, h] = plot_size(s);
   image img(w, h);

@@ -128,6 +128,7 @@ TEST_CASE("compose: where it acts is the OR of the parts, is_relative the AND", 
   STATIC_REQUIRE(posenc::relative_key_value_v<all>);
   STATIC_REQUIRE(posenc::rotates_queries_keys_v<all>);
   STATIC_REQUIRE(!posenc::biases_scores_v<all>);
+  STATIC_REQUIRE(!posenc::adds_to_embeddings_v<all>);
   STATIC_REQUIRE(posenc::is_relative_v<all>);
 
   using just_none = posenc::compose<posenc::none>;

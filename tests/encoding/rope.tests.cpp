@@ -54,11 +54,12 @@ double rel_diff(std::vector<T> const& a, std::vector<T> const& b) {
 
 /// Checks rotate() and rotate_inverse() of rope `r` on a strided view against the scalar reference.
 template <class T>
-void check_against_reference(rope<T> const& r, index_t offset, index_t first_pos) {
-  strided_buffer<T> x(2, 3, 2, r.head_dim(), offset, static_cast<std::uint64_t>(r.head_dim() * 1000 + r.rotary_dim()));
+void check_against_reference(rope<T> const& r, index_t offset, index_t first_pos, index_t batch = 2, index_t seq = 3) {
+  strided_buffer<T> x(batch, seq, 2, r.head_dim(), offset,
+                      static_cast<std::uint64_t>(r.head_dim() * 1000 + r.rotary_dim()));
   strided_buffer<T> want = x;
   position_span const pos(first_pos);
-  index_t const len = first_pos + 3;
+  index_t const len = first_pos + seq;
   posenc_test::rope_reference<T>(r, x.v, want.v, pos, len);
   r.rotate(x.v, pos);
   if (posenc_test::rope_kernels_bitwise_equal()) {
@@ -87,7 +88,7 @@ TEST_CASE("rope: float SIMD == scalar for head_dim 2..256 and every even rotary_
         // Alternate plain and YaRN (attention factor != 1, so the inverse's 1/a^2 is exercised).
         if ((d + r / 2) % 2 == 1) o.scaling = rope_scaling::yarn(8.0, 64);
         rope<float> const rp(layout, d, o);
-        check_against_reference(rp, (d + r) % 3, 1000 + d);
+        check_against_reference(rp, (d + r) % 3, 1000 + d, 1, 2);  // 2 tokens x 2 heads, gaps between them
       }
     }
   }

@@ -143,6 +143,19 @@ TEMPLATE_TEST_CASE("t5_bias: bias_row equals bias for random rows, heads and off
       CHECK(row[static_cast<std::size_t>(count + 1)] == T(-5));
     }
   }
+  // Tiles of 16 keys across a row, as the fused kernel calls it: tiles wholly in
+  // the far past, wholly in the far future, and straddling run boundaries.
+  for (bool bi : {true, false}) {
+    t5_bias<T> t({2, bi}, 6, 1.0);
+    for (index_t q_pos : {0, 5, 90, 91, 92, 112, 113, 114, 250, 400}) {
+      std::vector<T> row(512, T(0));
+      for (index_t k0 = 0; k0 < 512; k0 += 16) t.bias_row(1, q_pos, k0, 16, row.data() + k0);
+      for (index_t j = 0; j < 512; ++j) {
+        INFO("bidirectional " << bi << " q " << q_pos << " k " << j);
+        REQUIRE(row[static_cast<std::size_t>(j)] == t.bias(1, q_pos, j));
+      }
+    }
+  }
   // bias_row adds; add_bias is the checked form.
   t5_bias<T> t({2}, 4);
   std::vector<T> row(64, T(2)), want(64);

@@ -469,13 +469,20 @@ TEST_CASE("fused: no allocation grows with Sq x Sk", "[fused]") {
   }
 }
 
-TEST_CASE("simd::gather reads a column of a row-major block", "[fused][simd]") {
-  using B = posenc::simd::batch<float>;
-  constexpr index_t n = static_cast<index_t>(B::size), stride = 67;
-  std::vector<float> in(static_cast<std::size_t>(n * stride));
-  for (std::size_t i = 0; i < in.size(); ++i) in[i] = static_cast<float>(i);
-  auto const idx = posenc::simd::strided_index<float>(stride);
-  float out[B::size];
-  posenc::simd::store(out, posenc::simd::gather(in.data() + 5, idx));
-  for (index_t t = 0; t < n; ++t) CHECK(out[t] == static_cast<float>(5 + t * stride));
+TEST_CASE("simd::transpose transposes a width x width block", "[fused][simd]") {
+  auto check = [](auto zero) {
+    using T = decltype(zero);
+    using B = posenc::simd::batch<T>;
+    constexpr std::size_t n = B::size;
+    T in[n * n], out[n * n];
+    for (std::size_t i = 0; i < n * n; ++i) in[i] = static_cast<T>(i);
+    B rows[n];
+    for (std::size_t r = 0; r < n; ++r) rows[r] = posenc::simd::load(in + r * n);
+    posenc::simd::transpose(rows);
+    for (std::size_t r = 0; r < n; ++r) posenc::simd::store(out + r * n, rows[r]);
+    for (std::size_t r = 0; r < n; ++r)
+      for (std::size_t c = 0; c < n; ++c) CHECK(out[r * n + c] == in[c * n + r]);
+  };
+  check(0.0f);
+  check(0.0);
 }

@@ -200,7 +200,7 @@ struct lane_sizes {
   static index_t shared_elements(index_t D) noexcept {
     index_t const bq = Tr::block_q, bk = Tr::block_kv;
     (void)D;
-    return 2 * bk * bq + 2 * bq + 96;  // st, brow, rlo/rhi
+    return 3 * bk * bq + 2 * bq + 96;  // st, bt, brow, rlo/rhi
   }
   static index_t elements(index_t D, index_t Dv) noexcept {
     return Tr::blocks_per_item * block_elements(D, Dv) + shared_elements(D);
@@ -248,11 +248,10 @@ void lane_item(attention_plan<T> const& p, view<const T> q, view<const T> k, vie
     bl.alpha = c.take(BQ);
   }
   T* st = c.take(BK * BQ);
+  T* bt = c.take(BK * BQ);
   T* brow = c.take(BQ * BK);
   T* rlo = c.take(BQ);
   T* rhi = c.take(BQ);
-
-  auto const column = simd::strided_index<T, A>(BK);  // a column of brow
 
   // Block setup: transposed queries, statistics, visible key ranges.
   index_t kfirst = far_key, klast = 0;
@@ -317,7 +316,8 @@ void lane_item(attention_plan<T> const& p, view<const T> q, view<const T> k, vie
       bool const full = bl.exact && bl.all_first <= t0 && bl.all_last >= t0 + nk;
       if (general || !bl.exact) {
         // Per (row, key): encoder bias, masks and visibility, one row per
-        // query in brow (BQ, BK); the softmax pass reads its columns.
+        // query in brow (BQ, BK), then transposed into bt (BK, BQ) by
+        // width x width register blocks.
         for (index_t l = 0; l < BQ; ++l) {
           T* row = brow + l * BK;
           if (l >= bl.rows) {
@@ -328,6 +328,14 @@ void lane_item(attention_plan<T> const& p, view<const T> q, view<const T> k, vie
           encoder_terms(p, enc, q.ptr(b, i, h), b, h, i, t0, nk, false, true, row);
           bool const covers = bl.exact && bl.lo[l] <= t0 && bl.hi[l] >= t0 + nk;
           if (!covers || p.has_masks()) apply_masks(p, b, h, i, t0, nk, row);
+        }
+        for (index_t l0 = 0; l0 < nvec * W; l0 += W) {
+          for (index_t j0 = 0; j0 < nk; j0 += W) {
+            B blk[W];
+            for (index_t t = 0; t < W; ++t) blk[t] = simd::load<T, A>(brow + (l0 + t) * BK + j0);
+            simd::transpose(blk);
+            for (index_t t = 0; t < W; ++t) simd::store(bt + (j0 + t) * BQ + l0, blk[t]);
+          }
         }
       } else if (!full) {
         for (index_t l = 0; l < BQ; ++l) {
@@ -345,7 +353,7 @@ void lane_item(attention_plan<T> const& p, view<const T> q, view<const T> k, vie
           B s = simd::load<T, A>(st + j * BQ + o) * B(scale);
           if (cap > 0) s = B(cap) * simd::tanh(s * B(inv_cap));
           if (general || !bl.exact) {
-            s = s + simd::gather(brow + o * BK + j, column);
+            s = s + simd::load<T, A>(bt + j * BQ + o);
           } else if (!full) {
             B const jj(static_cast<T>(j));
             s = simd::select((jj >= lo) & (jj < hi), s, B(ninf));

@@ -104,23 +104,54 @@ inline batch<T, Arch> tanh(batch<T, Arch> const& x) noexcept {
   return xsimd::tanh(x);
 }
 
-/// Integer type of the same width as T (gather indices).
-template <class T>
-using index_lane_t = std::conditional_t<sizeof(T) == 4, std::int32_t, std::int64_t>;
-
-/// Indices 0, stride, 2 stride, ... for gather().
-template <class T, class Arch = default_arch>
-inline xsimd::batch<index_lane_t<T>, Arch> strided_index(index_t stride) noexcept {
-  using I = index_lane_t<T>;
-  alignas(Arch::alignment()) I idx[batch<T, Arch>::size];
-  for (std::size_t i = 0; i < batch<T, Arch>::size; ++i) idx[i] = static_cast<I>(static_cast<index_t>(i) * stride);
-  return xsimd::batch<I, Arch>::load_aligned(idx);
-}
-
-/// Lanes p[idx[0]], p[idx[1]], ... (a column of a row-major block).
+namespace detail {
 template <class T, class Arch>
-inline batch<T, Arch> gather(T const* p, xsimd::batch<index_lane_t<T>, Arch> const& idx) noexcept {
-  return batch<T, Arch>::gather(p, idx);
+inline void transpose_generic(batch<T, Arch>* rows) noexcept {
+  constexpr std::size_t n = batch<T, Arch>::size;
+  alignas(Arch::alignment()) T buf[n * n];
+  alignas(Arch::alignment()) T col[n];
+  for (std::size_t r = 0; r < n; ++r) rows[r].store_aligned(buf + r * n);
+  for (std::size_t r = 0; r < n; ++r) {
+    for (std::size_t c = 0; c < n; ++c) col[c] = buf[c * n + r];
+    rows[r] = batch<T, Arch>::load_aligned(col);
+  }
+}
+}  // namespace detail
+
+/// Transposes in place the width x width block whose rows are rows[0 .. width):
+/// afterwards rows[i] holds lane i of every row. AVX-512 float: 64 shuffles
+/// in registers (in-lane unpack and shuffle, then two rounds of 128-bit block
+/// shuffles); other cases go through memory.
+template <class T, class Arch>
+inline void transpose(batch<T, Arch>* rows) noexcept {
+#if defined(__AVX512F__)
+  if constexpr (std::is_same<T, float>::value && std::is_base_of<xsimd::avx512f, Arch>::value) {
+    __m512 t[16], u[16];
+    for (int i = 0; i < 8; ++i) {
+      __m512 const a = rows[2 * i], b = rows[2 * i + 1];
+      t[2 * i] = _mm512_unpacklo_ps(a, b);
+      t[2 * i + 1] = _mm512_unpackhi_ps(a, b);
+    }
+    for (int i = 0; i < 4; ++i) {
+      u[4 * i + 0] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+      u[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+      u[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+      u[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+    }
+    for (int base = 0; base < 16; base += 8) {
+      for (int i = 0; i < 4; ++i) {
+        t[base + i] = _mm512_shuffle_f32x4(u[base + i], u[base + i + 4], 0x88);
+        t[base + i + 4] = _mm512_shuffle_f32x4(u[base + i], u[base + i + 4], 0xDD);
+      }
+    }
+    for (int i = 0; i < 8; ++i) {
+      rows[i] = batch<T, Arch>(_mm512_shuffle_f32x4(t[i], t[i + 8], 0x88));
+      rows[i + 8] = batch<T, Arch>(_mm512_shuffle_f32x4(t[i], t[i + 8], 0xDD));
+    }
+    return;
+  }
+#endif
+  detail::transpose_generic(rows);
 }
 
 /// Architectural vector registers of Arch: 32 with AVX-512, else 16. Kernels

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <initializer_list>
+#include <limits>
 #include <map>
 #include <optional>
 #include <string>
@@ -278,7 +279,15 @@ inline rope_frequencies compute_rope_frequencies(rope_scaling const& sc, index_t
     F const s = sc.factor;
     b = b * std::pow(s * lm - (s - 1), r / (r - 2));
   }
-  for (index_t k = 0; k < half; ++k) th[static_cast<std::size_t>(k)] = 1 / std::pow(b, static_cast<F>(2 * k) / r);
+  if (std::numeric_limits<F>::digits >= 64) {
+    // theta_k = q^k with q = b^(-2/r): one pow instead of r/2 (powl costs ~1 us); the
+    // product drifts by ~k * 2^-64, far below a double ulp.
+    F const q = std::pow(b, F(-2) / r);
+    F t = 1;
+    for (index_t k = 0; k < half; ++k, t *= q) th[static_cast<std::size_t>(k)] = t;
+  } else {
+    for (index_t k = 0; k < half; ++k) th[static_cast<std::size_t>(k)] = 1 / std::pow(b, static_cast<F>(2 * k) / r);
+  }
 
   switch (sc.type) {
     case rope_scaling_type::none:

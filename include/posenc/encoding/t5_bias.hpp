@@ -112,7 +112,7 @@ class t5_bias {
     // Most tiles of a long sequence lie wholly in a saturated run (far keys):
     // one fill, no search.
     if (d >= starts_.back()) return detail::rel::add_constant(out, count, col[buckets_.back()]);
-    if (detail::rel::run_length(d, starts_[1]) >= static_cast<std::uint64_t>(count))
+    if (d < starts_[1] && detail::rel::run_length(d, starts_[1]) >= static_cast<std::uint64_t>(count))
       return detail::rel::add_constant(out, count, col[buckets_[0]]);
     // The run holding d: the last start <= d (starts_[0] is the lowest index_t).
     auto r = static_cast<std::size_t>(std::upper_bound(starts_.begin(), starts_.end(), d) - starts_.begin()) - 1;
