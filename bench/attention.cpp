@@ -129,6 +129,9 @@ void add(std::string const& path, config c, enc_kind kind = enc_kind::none, std:
 int main(int argc, char** argv) {
   using posenc::path::fused;
   using posenc::path::materialized;
+  // Eigen's own OpenMP threads stay off: every single-thread number is one core,
+  // GEMM baselines included (the materialized path runs its GEMMs on one thread too).
+  Eigen::setNbThreads(1);
   posenc_bench::register_fma_peak();
   for (index_t S : {512, 1024, 4096}) {
     for (index_t D : {64, 128}) {

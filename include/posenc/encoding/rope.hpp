@@ -101,51 +101,53 @@ void rope_rotate_scalar(rope_layout layout, T* out, T const* in, T const* c, T c
   }
 }
 
-// The tails (rotary_dim not a multiple of the vector width) go through
-// stack buffers; they live out of line so that the main loops, called once
-// per head row, need no stack frame.
-#if defined(__GNUC__) || defined(__clang__)
-#define POSENC_ROPE_NOINLINE __attribute__((noinline))
-#else
-#define POSENC_ROPE_NOINLINE
-#endif
+// The tails (rotary_dim not a multiple of the vector width) are scalar: the
+// same single-rounding fma per element as the vector lanes, so a row gives the
+// same bits whichever part of it a pair falls in; and no stack round trip
+// (partial loads through a buffer cost more than the tail itself).
 
 /// Pairs [k, h) of the half-split kernel, k > h - width.
-template <bool Inverse, class Arch, class T>
-POSENC_ROPE_NOINLINE void rope_rotate_half_tail(T* out, T const* in, T const* c, T const* s, index_t h, index_t k,
-                                                T g) noexcept {
-  using B = simd::batch<T, Arch>;
-  index_t const n = h - k;
-  B const a = simd::load_partial<T, Arch>(in + k, n), b = simd::load_partial<T, Arch>(in + h + k, n);
-  B const cc = simd::load_partial<T, Arch>(c + k, n), ss = simd::load_partial<T, Arch>(s + k, n);
-  B na, nb;
-  if constexpr (!Inverse) {
-    na = simd::fma(a, cc, -(b * ss));
-    nb = simd::fma(b, cc, a * ss);
-  } else {
-    na = simd::fma(a, cc, b * ss) * B(g);
-    nb = simd::fma(b, cc, -(a * ss)) * B(g);
+template <bool Inverse, class T>
+inline void rope_rotate_half_tail(T* out, T const* in, T const* c, T const* s, index_t h, index_t k, T g) noexcept {
+  for (; k < h; ++k) {
+    T const a = in[k], b = in[h + k];
+    if constexpr (!Inverse) {
+      out[k] = std::fma(a, c[k], -(b * s[k]));
+      out[h + k] = std::fma(b, c[k], a * s[k]);
+    } else {
+      out[k] = std::fma(a, c[k], b * s[k]) * g;
+      out[h + k] = std::fma(b, c[k], -(a * s[k])) * g;
+    }
   }
-  simd::store_partial(out + k, na, n);
-  simd::store_partial(out + h + k, nb, n);
 }
 
-/// Components [k, r) of the interleaved kernel; r and the width are even, so the tail holds whole pairs.
-template <bool Inverse, class Arch, class T>
-POSENC_ROPE_NOINLINE void rope_rotate_interleaved_tail(T* out, T const* in, T const* c, T const* s, index_t r,
-                                                       index_t k, T g) noexcept {
-  using B = simd::batch<T, Arch>;
-  index_t const n = r - k;
-  B const x = simd::load_partial<T, Arch>(in + k, n);
-  B const cc = simd::load_partial<T, Arch>(c + k, n), ss = simd::load_partial<T, Arch>(s + k, n);
-  B const sw = simd::swap_pairs(x);
-  B y;
-  if constexpr (!Inverse) {
-    y = simd::fma(x, cc, sw * ss);
-  } else {
-    y = simd::fma(x, cc, -(sw * ss)) * B(g);
+/// Components [k, r) of the interleaved kernel (whole pairs: r and the width are even).
+/// c = [c0, c0, ...], s = [-s0, s0, ...] as in the vector kernel.
+template <bool Inverse, class T>
+inline void rope_rotate_interleaved_tail(T* out, T const* in, T const* c, T const* s, index_t r, index_t k,
+                                         T g) noexcept {
+  for (; k < r; k += 2) {
+    T const a = in[k], b = in[k + 1];
+    if constexpr (!Inverse) {
+      out[k] = std::fma(a, c[k], b * s[k]);  // b * (-s) == -(b * s)
+      out[k + 1] = std::fma(b, c[k + 1], a * s[k + 1]);
+    } else {
+      out[k] = std::fma(a, c[k], -(b * s[k])) * g;
+      out[k + 1] = std::fma(b, c[k + 1], -(a * s[k + 1])) * g;
+    }
   }
-  simd::store_partial(out + k, y, n);
+}
+
+/// Prefetches (for writing) the cache lines of [p, p + bytes). A hint: never faults.
+template <class T>
+inline void prefetch_span(T const* p, index_t bytes) noexcept {
+#if defined(__GNUC__) || defined(__clang__)
+  char const* c = reinterpret_cast<char const*>(p);
+  for (index_t i = 0; i < bytes; i += 64) __builtin_prefetch(c + i, 1, 3);
+#else
+  (void)p;
+  (void)bytes;
+#endif
 }
 
 /// Half-split layout: two contiguous halves [0, h) and [h, 2h); c, s hold h values.
@@ -172,7 +174,7 @@ void rope_rotate_half(T* out, T const* in, T const* c, T const* s, index_t h, T 
     simd::store(out + k, na);
     simd::store(out + h + k, nb);
   }
-  if (k < h) rope_rotate_half_tail<Inverse, Arch>(out, in, c, s, h, k, g);
+  if (k < h) rope_rotate_half_tail<Inverse>(out, in, c, s, h, k, g);
 }
 
 /// Interleaved layout: x' = fma(x, C, swap_pairs(x) * S) with C = [c0, c0, c1, c1, ...]
@@ -193,7 +195,7 @@ void rope_rotate_interleaved(T* out, T const* in, T const* c, T const* s, index_
   index_t k = 0;
   for (; k + W <= r; k += W)
     simd::store(out + k, step(simd::load<T, Arch>(in + k), simd::load<T, Arch>(c + k), simd::load<T, Arch>(s + k)));
-  if (k < r) rope_rotate_interleaved_tail<Inverse, Arch>(out, in, c, s, r, k, g);
+  if (k < r) rope_rotate_interleaved_tail<Inverse>(out, in, c, s, r, k, g);
 }
 
 }  // namespace detail
@@ -564,6 +566,7 @@ class rope {
     index_t const scr_len = (2 * rotary_dim_ + 15) / 16 * 16;  // whole cache lines per thread
     aligned_buffer<T> scratch(static_cast<index_t>(t) * scr_len);
     index_t const r = rotary_dim_, h = rotary_dim_ / 2, d = head_dim_;
+    constexpr index_t prefetch_rows = 4;
     parallel_for(batch * nblk, t, [&](index_t task) noexcept {
       index_t const b = task / nblk;
       index_t const s0 = (task % nblk) * block, s1 = std::min(seq, s0 + block);
@@ -575,6 +578,9 @@ class rope {
           for (index_t hd = 0; hd < v.in.heads; ++hd) {
             T const* src = v.in.ptr(b, s, hd);
             T* dst = v.out.ptr(b, s, hd);
+            // A head row is only r * sizeof(T) bytes; the next rows are head_stride apart
+            // (or the next token's): prefetch a few rows ahead so their loads overlap.
+            detail::prefetch_span(src + prefetch_rows * v.in.head_stride, r * static_cast<index_t>(sizeof(T)));
             if constexpr (L == rope_layout::half_split)
               detail::rope_rotate_half<Inverse, simd::default_arch>(dst, src, cs.first, cs.second, h, g);
             else
