@@ -408,6 +408,18 @@ struct row_sizes {
   }
 };
 
+/// Asks for the cache lines of n rows of `len` elements, `stride` apart.
+template <class T>
+inline void prefetch_rows(T const* p, index_t stride, index_t n, index_t len) noexcept {
+#if defined(__GNUC__) || defined(__clang__)
+  constexpr index_t line = 64 / static_cast<index_t>(sizeof(T));
+  for (index_t j = 0; j < n; ++j)
+    for (index_t e = 0; e < len; e += line) __builtin_prefetch(p + j * stride + e);
+#else
+  (void)p, (void)stride, (void)n, (void)len;
+#endif
+}
+
 /// s[g][j] = q_g . k_j for NG rows and nk keys.
 template <class Tr, int NG>
 inline void row_scores(typename Tr::value_type const* const* qr, typename Tr::value_type const* k, index_t ldk,
@@ -531,6 +543,13 @@ void row_item(attention_plan<T> const& p, view<const T> q, view<const T> k, view
     index_t const nk = std::min(BK, last - t0);
     T const* kt = k.ptr(b, t0, hk);
     T const* vt = v.ptr(b, t0, hk);
+    if (t0 + BK < last) {
+      // Rows of one head sit a token stride apart (often in different 4 KiB
+      // pages, where hardware prefetchers stop): fetch the next tile now.
+      index_t const nn = std::min(BK, last - t0 - BK);
+      prefetch_rows(k.ptr(b, t0 + BK, hk), k.seq_stride, nn, D);
+      prefetch_rows(v.ptr(b, t0 + BK, hk), v.seq_stride, nn, Dv);
+    }
     auto scores = [&](index_t, auto n) { row_scores<Tr, decltype(n)::value>(qrow, kt, k.seq_stride, nk, D, srow); };
     fused::tail_block<Tr::row_group>(ng, 0, scores);
     for (index_t g = 0; g < ng; ++g) {
@@ -606,11 +625,11 @@ void fused_attention(attention_plan<T> const& p, view<const T> q, view<const T> 
   index_t const B = p.batch, Hkv = p.kv_heads, G = p.group, R = p.q_len * G, D = p.head_dim,
                 Dv = p.value_dim;
   int const threads = resolve_threads(p.threads);
-  index_t const per_thread = fused_scratch_elements<T>(D, Dv);
-  aligned_buffer<T> scratch(per_thread * threads);
   constexpr bool shaw = encoder_traits<E>::relative_key_value;
 
   if (!shaw && R >= Tr::lane_kernel_min_rows) {
+    index_t const per_thread = fused::lane_sizes<Tr>::elements(D, Dv);
+    aligned_buffer<T> scratch(per_thread * threads);
     // Lane kernel: items (b, hk, run of up to NB query blocks).
     index_t const nblocks = (R + BQ - 1) / BQ;
     // Fewer blocks per item when that is what keeps every thread busy.
@@ -630,6 +649,8 @@ void fused_attention(attention_plan<T> const& p, view<const T> q, view<const T> 
   }
 
   // Row kernel: items (b, hk, group of up to RG rows, key chunk).
+  index_t const per_thread = fused::row_sizes<Tr>::elements(D, Dv);
+  aligned_buffer<T> scratch(per_thread * threads);
   index_t const groups = (R + RG - 1) / RG;
   index_t const items = B * Hkv * groups;
   index_t const Sk = p.k_len, BK = Tr::block_kv;
