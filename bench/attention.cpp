@@ -151,7 +151,7 @@ int main(int argc, char** argv) {
   // Decode: one query against 4096 cached keys, and the time to read K and V once.
   for (int t : {1, 2}) {
     add<fused>("fused", {1, 4096, 8, 8, 128, true, t});
-    std::int64_t const bytes = 2ll * 4096 * 8 * 128 * 4;
+    std::int64_t bytes = 2ll * 4096 * 8 * 128 * 4;  // K and V of the decode case
     benchmark::RegisterBenchmark(("baseline/stream_read/K+V_4096x8x128/threads:" + std::to_string(t)).c_str(),
                                  [bytes, t](benchmark::State& s) { stream_read_baseline(s, bytes, t); })
         ->Unit(benchmark::kMicrosecond)

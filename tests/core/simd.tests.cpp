@@ -130,3 +130,52 @@ TEST_CASE("simd: arch_name names the instruction set", "[simd]") {
   CHECK(simd::width<float> == 2 * simd::width<double>);
   CHECK(simd::width<float> >= 1);
 }
+
+TEMPLATE_TEST_CASE("simd: fma rounds once where the target has FMA", "[simd]", float, double) {
+#if defined(__FMA__) || defined(__AVX512F__)
+  constexpr auto W = simd::width<TestType>;
+  auto a = posenc_test::random_vector<TestType>(W + 1, 51, -3, 3);
+  auto b = posenc_test::random_vector<TestType>(W + 1, 52, -3, 3);
+  auto c = posenc_test::random_vector<TestType>(W + 1, 53, -3, 3);
+  std::vector<TestType> r(W);
+  simd::store(r.data(), simd::fma(simd::load(a.data() + 1), simd::load(b.data() + 1), simd::load(c.data() + 1)));
+  int inexact = 0;
+  for (posenc::index_t i = 0; i < W; ++i) inexact += r[i] != std::fma(a[i + 1], b[i + 1], c[i + 1]);
+  CHECK(inexact == 0);
+#else
+  WARN("fma exactness skipped: the target has no FMA instruction (" << simd::arch_name() << ")");
+#endif
+}
+
+TEMPLATE_TEST_CASE("simd: transpose against a scalar transposition", "[simd]", float, double) {
+  constexpr auto W = simd::width<TestType>;
+  using B = simd::batch<TestType>;
+  auto src = posenc_test::random_vector<TestType>(static_cast<std::size_t>(W * W + 1), 61);
+  std::vector<B> rows;
+  for (posenc::index_t r = 0; r < W; ++r) rows.push_back(simd::load(src.data() + 1 + r * W));  // misaligned
+  simd::transpose(rows.data());
+  std::vector<TestType> got(static_cast<std::size_t>(W));
+  int wrong = 0;
+  for (posenc::index_t i = 0; i < W; ++i) {
+    simd::store(got.data(), rows[static_cast<std::size_t>(i)]);
+    for (posenc::index_t j = 0; j < W; ++j) wrong += got[static_cast<std::size_t>(j)] != src[static_cast<std::size_t>(1 + j * W + i)];
+  }
+  CHECK(wrong == 0);
+  CHECK(simd::vector_registers<simd::default_arch> >= 16);
+}
+
+TEMPLATE_TEST_CASE("simd: select and tanh against scalar", "[simd]", float, double) {
+  constexpr auto W = simd::width<TestType>;
+  auto a = posenc_test::random_vector<TestType>(W + 2, 71, -12, 12);
+  auto b = posenc_test::random_vector<TestType>(W + 2, 72, -12, 12);
+  std::vector<TestType> r(W), t(W);
+  for (int off = 0; off < 3; ++off) {
+    auto va = simd::load(a.data() + off), vb = simd::load(b.data() + off);
+    simd::store(r.data(), simd::select(va < vb, va, vb));
+    simd::store(t.data(), simd::tanh(va));
+    for (posenc::index_t i = 0; i < W; ++i) {
+      CHECK(r[i] == std::min(a[i + off], b[i + off]));
+      CHECK(t[i] == posenc_test::Approx(std::tanh(a[i + off])).epsilon(4e-7).margin(1e-7));
+    }
+  }
+}
