@@ -9,6 +9,7 @@
 #include <Eigen/Core>
 
 #include "posenc/attention/plan.hpp"
+#include "posenc/core/simd.hpp"
 #include "posenc/core/threading.hpp"
 
 namespace posenc::detail {
@@ -33,6 +34,26 @@ const_rows_map<T> rows_of(view<const T> x, index_t b, index_t h, row_major_t<T>&
   for (index_t s = 0; s < n; ++s)
     for (index_t c = 0; c < d; ++c) pack(s, c) = x.ptr(b, s, h)[c];
   return const_rows_map<T>(pack.data(), n, d, Eigen::OuterStride<>(d));
+}
+
+/// s[j] = exp(s[j] - m) over a row (m finite; -inf entries give 0), returns the sum.
+template <class T>
+T exp_shifted_row(T* s, index_t n, T m) noexcept {
+  constexpr index_t w = simd::width<T>;
+  auto const vm = simd::broadcast<T>(m);
+  auto vsum = simd::broadcast<T>(T(0));
+  index_t j = 0;
+  for (; j + w <= n; j += w) {
+    auto const e = simd::exp(simd::load<T>(s + j) - vm);
+    simd::store(s + j, e);
+    vsum = vsum + e;
+  }
+  T sum = simd::reduce_add(vsum);
+  for (; j < n; ++j) {
+    s[j] = s[j] == -std::numeric_limits<T>::infinity() ? T(0) : std::exp(s[j] - m);
+    sum += s[j];
+  }
+  return sum;
 }
 
 /// path::materialized body, in T throughout (Eigen GEMMs for q k^T and p v).
@@ -91,11 +112,7 @@ void materialized_attention(attention_plan<T> const& p, view<const T> q, view<co
         capture(i, s, score_stage::probabilities);
         continue;
       }
-      T sum = 0;
-      for (index_t j = 0; j < Sk; ++j) {
-        s[j] = s[j] == ninf ? T(0) : std::exp(s[j] - m);
-        sum += s[j];
-      }
+      T sum = exp_shifted_row(s, Sk, m);
       T const inv = T(1) / sum;
       for (index_t j = 0; j < Sk; ++j) s[j] *= inv;
       p.set_lse(b, h, i, m + std::log(sum));

@@ -151,8 +151,16 @@ template <class T, class S>
 void apply_masks(attention_plan<T> const& plan, index_t b, index_t h, index_t i, index_t j0,
                  index_t n, S* row) noexcept {
   S const ninf = -std::numeric_limits<S>::infinity();
-  for (index_t t = 0; t < n; ++t)
-    if (!plan.visible(b, i, j0 + t)) row[t] = ninf;
+  key_range const r = plan.visible_range(b, i, j0, j0 + n);
+  if (r.all) {  // one contiguous visible run: no per-key test
+    index_t const lo = std::min(n, std::max<index_t>(0, r.first - j0));
+    index_t const hi = std::max(lo, std::min(n, r.last - j0));
+    for (index_t t = 0; t < lo; ++t) row[t] = ninf;
+    for (index_t t = hi; t < n; ++t) row[t] = ninf;
+  } else {
+    for (index_t t = 0; t < n; ++t)
+      if (!plan.visible(b, i, j0 + t)) row[t] = ninf;
+  }
   if (!plan.mask.empty()) {
     T const* m = plan.mask.row(b, h, i);
     index_t const mk = plan.mask.k;
