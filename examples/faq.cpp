@@ -71,7 +71,7 @@ void rope_layouts() {
   double diff = 0;
   for (index_t i = 0; i < head_dim; ++i) diff = std::max(diff, std::abs(double(a[i]) - b[i]));
   check(diff > 0.1, "the two layouts rotate the same vector differently (a wrong layout is a silent error)");
-  // interleaved(x) = P^-1 half(P x), P sending component 2k -> k and 2k+1 -> k + r/2 (FORMULAS 3.2).
+  // interleaved(x) = P^-1 half(P x), P sending component 2k -> k and 2k+1 -> k + r/2 (docs/formulas.md 3.2).
   std::vector<float> px(head_dim);
   for (index_t k = 0; k < head_dim / 2; ++k) {
     px[k] = x[2 * k];

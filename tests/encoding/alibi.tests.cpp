@@ -20,7 +20,7 @@ static_assert(!posenc::adds_to_embeddings_v<alibi<double>> && !posenc::rotates_q
 
 namespace {
 
-// The formula of FORMULAS 4.2 in double.
+// The formula of docs/formulas.md 4.2 in double.
 double direct(alibi_form form, double m, index_t qp, index_t kp, index_t key_length) {
   switch (form) {
     case alibi_form::paper:

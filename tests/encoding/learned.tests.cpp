@@ -168,7 +168,7 @@ TEST_CASE("learned: extended() keeps the reserved rows and resamples the positio
   }
 }
 
-TEST_CASE("learned: extended() by hand (FORMULAS 2.3)", "[learned]") {
+TEST_CASE("learned: extended() by hand (docs/formulas.md 2.3)", "[learned]") {
   // two rows [0] and [10] -> four rows
   std::vector<double> t = {0.0, 10.0};
   auto enc = learned<double>::copy_of(t, 2, 1);

@@ -290,7 +290,7 @@ TEST_CASE("rope: float cos/sin within 1 ulp of long double at 65536 and 1048576;
   index_t const r = 128;
   auto x = posenc_test::random_vector<float>(static_cast<std::size_t>(r), 4242);
   for (auto const& c : cfgs) {
-    // Long double theta'_k straight from FORMULAS 3.1 / 3.5.
+    // Long double theta'_k straight from docs/formulas.md 3.1 / 3.5.
     std::vector<ld> th(r / 2);
     ld a = 1;
     for (index_t k = 0; k < r / 2; ++k) {

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// shaw: score_row and value_row against the direct formulas of Shaw et al. (FORMULAS 4.3).
+// shaw: score_row and value_row against the direct formulas of Shaw et al. (docs/formulas.md 4.3).
 #include <algorithm>
 #include <cmath>
 #include <limits>

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// sinusoidal<T>: values against a scalar reference of FORMULAS 1.1-1.5, the cache, fill, add_to, fairseq positions.
+// sinusoidal<T>: values against a scalar reference of docs/formulas.md 1.1-1.5, the cache, fill, add_to, fairseq positions.
 #include <posenc/encoding/sinusoidal.hpp>
 
 #include <cmath>
@@ -19,7 +19,7 @@ using posenc::sinusoidal_params;
 
 namespace {
 
-// Scalar reference, written column by column from FORMULAS section 1.
+// Scalar reference, written column by column from docs/formulas.md section 1.
 double reference(sinusoidal_layout layout, sinusoidal_frequency freq, index_t d, double base, index_t p,
                  index_t c) {
   double const pd = static_cast<double>(p);
@@ -217,7 +217,7 @@ TEST_CASE("sinusoidal: empty inputs are fine", "[sinusoidal]") {
   CHECK(none.empty());
 }
 
-TEST_CASE("fairseq_positions: FORMULAS 1.4 by hand", "[sinusoidal][positions]") {
+TEST_CASE("fairseq_positions: docs/formulas.md 1.4 by hand", "[sinusoidal][positions]") {
   // padding_idx 1; right padding, left padding, no padding.
   std::vector<index_t> tokens = {5, 6, 7, 1, 1,  //
                                  1, 1, 5, 6, 7,  //

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// t5_bias: the bucket function against FORMULAS 4.1, bias against the table, bias_row against bias.
+// t5_bias: the bucket function against docs/formulas.md 4.1, bias against the table, bias_row against bias.
 #include <cmath>
 #include <limits>
 #include <posenc/encoding/t5_bias.hpp>
@@ -17,7 +17,7 @@ static_assert(!posenc::relative_key_value_v<t5_bias<float>> && !posenc::adds_to_
 
 namespace {
 
-// FORMULAS 4.1 written out once more, straight from the text.
+// docs/formulas.md 4.1 written out once more, straight from the text.
 index_t reference_bucket(index_t delta, bool bidirectional, index_t nb, index_t md) {
   index_t half = nb, offset = 0, n = 0;
   if (bidirectional) {
@@ -35,7 +35,7 @@ index_t reference_bucket(index_t delta, bool bidirectional, index_t nb, index_t 
 
 }  // namespace
 
-TEST_CASE("t5_bias: bucket boundaries of the defaults (FORMULAS 4.1)", "[t5]") {
+TEST_CASE("t5_bias: bucket boundaries of the defaults (docs/formulas.md 4.1)", "[t5]") {
   t5_bias<float> bi({1, true}, 0);
   // Per side: 0..7 exact, 8-11 -> 8, 12-15 -> 9, 16-22 -> 10, 23-31 -> 11,
   // 32-45 -> 12, 46-63 -> 13, 64-90 -> 14, >= 91 -> 15; the future side adds 16.

@@ -61,7 +61,7 @@ TEST_CASE("rope errors: scaling parameters", "[rope][errors]") {
     REQUIRE_THROWS_WITH(rope<float>(H, 64, with_scaling(rope_scaling::yarn(f, 4096))), contains("scaling.factor is"));
     REQUIRE_THROWS_WITH(rope<float>(H, 64, with_scaling(rope_scaling::llama3(f, 1, 4, 8192))), contains("scaling.factor is"));
   }
-  // factor < 1 is allowed (FORMULAS 3.7)
+  // factor < 1 is allowed (docs/formulas.md 3.7)
   REQUIRE_NOTHROW(rope<float>(H, 64, with_scaling(rope_scaling::linear(0.5))));
   REQUIRE_NOTHROW(rope<float>(H, 64, with_scaling(rope_scaling::yarn(0.5, 4096))));
   REQUIRE_THROWS_WITH(rope<float>(H, 64, with_scaling(rope_scaling::llama3(8, 4, 4, 8192))),

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// Absolute encoders against golden values from tests/golden/gen_absolute.py (numpy, float64, from FORMULAS 1-2).
+// Absolute encoders against golden values from tests/golden/gen_absolute.py (numpy, float64, from docs/formulas.md 1-2).
 #include <posenc/encoding/learned.hpp>
 #include <posenc/encoding/sinusoidal.hpp>
 

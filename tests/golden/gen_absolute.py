@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: MIT
 """Golden values for the absolute encoders (sinusoidal, learned), written from
-FORMULAS.md sections 1 and 2 with numpy in float64. Run with /usr/bin/python3;
+docs/formulas.md sections 1 and 2 with numpy in float64. Run with /usr/bin/python3;
 writes tests/golden/data/absolute.txt."""
 import numpy as np
 
@@ -11,7 +11,7 @@ WIDTHS = [1, 2, 3, 7, 8, 512]
 
 
 def timing_interleaved(p, d, base):
-    """FORMULAS 1.1: column c uses k = c // 2; sin on even, cos on odd columns."""
+    """docs/formulas.md 1.1: column c uses k = c // 2; sin on even, cos on odd columns."""
     c = np.arange(d)
     w = np.power(float(base), -2.0 * (c // 2) / d)
     ang = float(p) * w
@@ -19,7 +19,7 @@ def timing_interleaved(p, d, base):
 
 
 def timing_concat_t2t(p, d, base):
-    """FORMULAS 1.2: n = d // 2 timescales, divisor max(n - 1, 1), zero column if d is odd."""
+    """docs/formulas.md 1.2: n = d // 2 timescales, divisor max(n - 1, 1), zero column if d is odd."""
     n = d // 2
     k = np.arange(n)
     w = np.exp(k * -(np.log(float(base)) / max(n - 1, 1)))  # log_timescale_increment as in tensor2tensor
@@ -31,7 +31,7 @@ def timing_concat_t2t(p, d, base):
 
 
 def timing_concat_paper(p, d, base):
-    """FORMULAS 1.3: ceil(d/2) sines then floor(d/2) cosines, w_k = base^(-2k/d)."""
+    """docs/formulas.md 1.3: ceil(d/2) sines then floor(d/2) cosines, w_k = base^(-2k/d)."""
     ks = np.arange((d + 1) // 2)
     kc = np.arange(d // 2)
     ws = np.power(float(base), -2.0 * ks / d)
@@ -47,13 +47,13 @@ LAYOUTS = {
 
 
 def fairseq_make_positions(tokens, padding_idx, past_len=0):
-    """FORMULAS 1.4: padding_idx + past_len + running count of real tokens; padding gets padding_idx."""
+    """docs/formulas.md 1.4: padding_idx + past_len + running count of real tokens; padding gets padding_idx."""
     real = (tokens != padding_idx).astype(np.int64)
     return (np.cumsum(real, axis=1) + past_len) * real + padding_idx
 
 
 def mask_positions(mask, seq, padding_position):
-    """FORMULAS 2.1 / 3.4: cumsum(mask) - 1 at attended slots, the given id at padding; last `seq` columns."""
+    """docs/formulas.md 2.1 / 3.4: cumsum(mask) - 1 at attended slots, the given id at padding; last `seq` columns."""
     pos = np.cumsum(mask, axis=1) - 1
     pos = np.where(mask != 0, pos, padding_position)
     return pos[:, mask.shape[1] - seq:]
@@ -67,7 +67,7 @@ def learned_table(rows, d):
 
 
 def interpolate(table, new_rows, align_corners):
-    """FORMULAS 2.3: source coordinate per output row, then np.interp per column."""
+    """docs/formulas.md 2.3: source coordinate per output row, then np.interp per column."""
     L = table.shape[0]
     t = np.arange(new_rows, dtype=np.float64)
     if align_corners:
@@ -132,7 +132,7 @@ def main():
 
     write_golden("absolute.txt", rec,
                  header="Absolute encodings (sinusoidal, learned): tests/golden/gen_absolute.py\n"
-                        "from FORMULAS.md sections 1 and 2, numpy float64.")
+                        "from docs/formulas.md sections 1 and 2, numpy float64.")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: MIT
 """Golden values for the relative position encoders, written from
-spec/FORMULAS.md section 4 with numpy (independent of the C++ code).
+spec/docs/formulas.md section 4 with numpy (independent of the C++ code).
 
 Run with /usr/bin/python3 (it has numpy): writes tests/golden/data/relative_bias.txt.
 
@@ -22,7 +22,7 @@ DELTAS = np.arange(-300, 301, dtype=np.int64)
 
 
 def t5_bucket(delta, bidirectional, num_buckets, max_distance):
-    """FORMULAS 4.1, vectorised, the log term in float64 in the formula's order."""
+    """docs/formulas.md 4.1, vectorised, the log term in float64 in the formula's order."""
     delta = np.asarray(delta, dtype=np.int64)
     if bidirectional:
         half = num_buckets // 2
@@ -60,7 +60,7 @@ def t5_bucket_scalar_f32(delta, bidirectional, num_buckets, max_distance):
 
 
 def alibi_slopes(heads):
-    """FORMULAS 4.2: powers of two directly, else c = 2^floor(log2 H) slopes
+    """docs/formulas.md 4.2: powers of two directly, else c = 2^floor(log2 H) slopes
     followed by the odd-numbered slopes of the 2c-head sequence."""
     c = 2 ** int(math.floor(math.log2(heads)))
     first = [2.0 ** (-8.0 * h / c) for h in range(1, c + 1)]
@@ -147,7 +147,7 @@ def main():
                 ("shaw_values", values.reshape(-1))]
 
     path = write_golden("relative_bias.txt", records,
-                        header="Relative position encoders (FORMULAS 4.1-4.4); written by "
+                        header="Relative position encoders (docs/formulas.md 4.1-4.4); written by "
                                "tests/golden/gen_relative_bias.py with numpy " + np.__version__)
     print("wrote", path)
 

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: MIT
-"""Golden values for RoPE, written from FORMULAS.md section 3 with numpy float64.
+"""Golden values for RoPE, written from docs/formulas.md section 3 with numpy float64.
 
 Run with /usr/bin/python3 (it has numpy). Writes tests/golden/data/rope.txt.
 
@@ -59,7 +59,7 @@ def yarn_range(r, base, beta_fast, beta_slow, l0, truncate):
 
 
 def frequencies(kind, p, r, base, length):
-    """theta'_k (k < r/2) and the attention factor a, FORMULAS 3.1 and 3.5."""
+    """theta'_k (k < r/2) and the attention factor a, docs/formulas.md 3.1 and 3.5."""
     k = np.arange(0, r, 2, dtype=np.float64)
     if kind == "dynamic" and length > p["M"]:
         s, m = p["factor"], p["M"]

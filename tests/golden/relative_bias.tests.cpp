@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// Relative encoders against golden values from tests/golden/gen_relative_bias.py (numpy, from FORMULAS 4).
+// Relative encoders against golden values from tests/golden/gen_relative_bias.py (numpy, from docs/formulas.md 4).
 #include <cmath>
 #include <limits>
 #include <posenc/encoding/alibi.hpp>

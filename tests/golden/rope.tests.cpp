@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// RoPE against golden values from tests/golden/gen_rope.py (numpy float64, written from FORMULAS 3).
+// RoPE against golden values from tests/golden/gen_rope.py (numpy float64, written from docs/formulas.md 3).
 #include <posenc/encoding/rope.hpp>
 
 #include <cfloat>
@@ -61,7 +61,7 @@ std::string base_tag(double base) { return "b" + std::to_string(static_cast<long
 
 }  // namespace
 
-TEST_CASE("rope golden: YaRN example of FORMULAS 3.5", "[rope][golden]") {
+TEST_CASE("rope golden: YaRN example of docs/formulas.md 3.5", "[rope][golden]") {
   auto const g = posenc_test::read_golden("rope.txt");
   auto const& ex = posenc_test::golden_record(g, "yarn_example");
   auto [lo, hi] = posenc::yarn_correction_range(64, 10000.0, 32.0, 1.0, 4096, true);

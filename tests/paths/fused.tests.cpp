@@ -163,7 +163,7 @@ std::vector<T> run(buffers<T>& bf, E const& enc, posenc::attention_options<T> op
   return out;
 }
 
-/// fused vs the double reference, bounded by the plain float error (STYLE.md 6).
+/// fused vs the double reference, bounded by the plain float error (<= 2x the plain float error + atol).
 template <class T, class E>
 void check_agrees(buffers<T>& bf, E const& enc, posenc::attention_options<T> const& opt, std::string const& what) {
   auto ref = run<posenc::path::reference>(bf, enc, opt);

@@ -163,7 +163,7 @@ void check_agreement(random_case& c, E const& enc, std::string const& name) {
 
 }  // namespace
 
-TEST_CASE("materialized path agrees with the reference (tolerance rule of STYLE.md)", "[paths]") {
+TEST_CASE("materialized path agrees with the reference (tolerance rule: <= 2x the plain float error + atol)", "[paths]") {
   auto const seed = GENERATE(take(40, random(1, 1000000000)));
   random_case c(static_cast<std::uint64_t>(seed));
   check_agreement<posenc::path::materialized>(c, posenc::none{}, "none");

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// Small test encoders, one per hook, written from FORMULAS with no library code.
+// Small test encoders, one per hook, written from docs/formulas.md with no library code.
 #pragma once
 
 #include <algorithm>

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// The agreement rule of STYLE.md: error vs the double reference <= 2x a plain float implementation's error + atol.
+// The agreement rule: error vs the double reference <= 2x a plain float implementation's error + atol.
 #pragma once
 
 #include <algorithm>

@@ -115,7 +115,7 @@ void run_attention(view<const T> q, view<const T> k, view<const T> v, view<T> ou
 
 }  // namespace detail
 
-/// Scaled dot-product attention with a positional encoder (FORMULAS 5).
+/// Scaled dot-product attention with a positional encoder (docs/formulas.md 5).
 ///
 /// out(b, i, h, :) = sum_j softmax_j(s_ij) v(b, j, h / (Hq / Hkv), :), with
 /// s_ij = scale * q_i . k_j (+ Shaw term), softcapped, plus the encoder bias

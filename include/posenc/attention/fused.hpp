@@ -3,7 +3,7 @@
 #pragma once
 
 // Two kernels share the plan (posenc/attention/plan.hpp) and the semantics of
-// FORMULAS 5:
+// docs/formulas.md 5:
 //
 // * The lane kernel (prefill). Query rows go along the SIMD lanes. A work item
 //   is (batch, kv head, a run of query blocks); its rows are the pairs
@@ -23,7 +23,7 @@
 // * The row kernel (decode, Shaw, few rows). Keys go along the lanes of a row
 //   of scores; a few rows share each K and V row load. Long key ranges are
 //   split across threads, each keeping (max, sum, partial output) per row,
-//   merged with the log-sum-exp rule (FORMULAS 5.5).
+//   merged with the log-sum-exp rule (docs/formulas.md 5.5).
 //
 // Scratch: one buffer per thread, sized by the tile constants, D and Dv only
 // (fused_scratch_elements); nothing grows with Sq x Sk.
@@ -685,7 +685,7 @@ void fused_attention(attention_plan<T> const& p, view<const T> q, view<const T> 
     }
   });
   if (chunks == 1) return;
-  // Merge the chunks of each row with the log-sum-exp rule (FORMULAS 5.5).
+  // Merge the chunks of each row with the log-sum-exp rule (docs/formulas.md 5.5).
   parallel_for(items, threads, [&](index_t item) {
     index_t const bh = item / groups, grp = item % groups;
     index_t const b = bh / Hkv, hk = bh % Hkv;

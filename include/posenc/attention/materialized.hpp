@@ -105,7 +105,7 @@ void materialized_attention(attention_plan<T> const& p, view<const T> q, view<co
       capture(i, s, score_stage::biased);
       T m = ninf;
       for (index_t j = 0; j < Sk; ++j) m = s[j] > m ? s[j] : m;
-      if (m == ninf) {  // no visible key: zeros, lse = -inf (FORMULAS 5.4)
+      if (m == ninf) {  // no visible key: zeros, lse = -inf (docs/formulas.md 5.4)
         for (index_t j = 0; j < Sk; ++j) s[j] = T(0);
         p.set_lse(b, h, i, ninf);
         empty_row[static_cast<std::size_t>(i)] = true;

@@ -38,7 +38,7 @@
 //     `run` writes every element of out (zeros for rows with no visible key), plan.lse
 //     (-inf for such rows) and plan.scores when non-null (only when provides_scores).
 //
-// Semantics (FORMULAS 5): s = scale * q.k (+ Shaw q.aK); s = c tanh(s / c) when softcap c > 0;
+// Semantics (docs/formulas.md 5): s = scale * q.k (+ Shaw q.aK); s = c tanh(s / c) when softcap c > 0;
 // s += bias(h, p_i, p_j) + additive mask; invisible / masked keys are -inf; softmax over keys;
 // a row whose every key is -inf gives zeros and lse = -inf.
 // Default query positions: key_length(b) - Sq + i (bottom-right against the key length of the

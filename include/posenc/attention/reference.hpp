@@ -11,7 +11,7 @@
 
 namespace posenc::detail {
 
-/// Scalar attention following FORMULAS 5.1 step by step. Dot products,
+/// Scalar attention following docs/formulas.md 5.1 step by step. Dot products,
 /// softmax and the weighted sum of values accumulate in `Acc` (double for
 /// path::reference; float gives the "plain float implementation" the tests
 /// use to set their tolerance). Encoder hooks work in T.
@@ -61,7 +61,7 @@ void reference_attention(attention_plan<T> const& p, view<const T> q, view<const
       Acc m = ninf;
       for (index_t j = 0; j < Sk; ++j) m = s[j] > m ? s[j] : m;
       T* oi = out.ptr(b, i, h);
-      if (m == ninf) {  // no visible key: zeros, lse = -inf (FORMULAS 5.4)
+      if (m == ninf) {  // no visible key: zeros, lse = -inf (docs/formulas.md 5.4)
         for (index_t d = 0; d < Dv; ++d) oi[d] = T(0);
         p.set_lse(b, h, i, -std::numeric_limits<T>::infinity());
         for (index_t j = 0; j < Sk; ++j) s[j] = 0;

@@ -8,7 +8,7 @@
 
 namespace posenc {
 
-/// Position ids of fairseq and RoBERTa (FORMULAS 1.4 and 2.1): for a real
+/// Position ids of fairseq and RoBERTa (docs/formulas.md 1.4 and 2.1): for a real
 /// token (`tokens[b, s] != padding_idx`) the id is
 /// `padding_idx + past_len + (number of real tokens of row b up to and including s)`,
 /// for a padding token it is `padding_idx`. So the first real token gets
@@ -44,7 +44,7 @@ inline void fairseq_positions(span<const index_t> tokens, index_t batch, index_t
 }
 
 /// Position ids from an attention mask for left-padded batches (HF GPT-2
-/// generation, OPT; FORMULAS 2.1 and 3.4): for an attended slot
+/// generation, OPT; docs/formulas.md 2.1 and 3.4): for an attended slot
 /// (`mask[b, t] != 0`) the id is `cumsum(mask[b, :t+1]) - 1`, for a masked
 /// slot it is `padding_position`. The mask covers the `total` = past + new
 /// tokens (row-major (batch, total)); the ids are those of the last `seq`

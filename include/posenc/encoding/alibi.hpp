@@ -15,7 +15,7 @@
 
 namespace posenc {
 
-/// The four ALiBi bias forms (FORMULAS 4.2), for query position p_i, key
+/// The four ALiBi bias forms (docs/formulas.md 4.2), for query position p_i, key
 /// position p_j and head slope m:
 ///
 /// | form      | bias                  | used by                                     |

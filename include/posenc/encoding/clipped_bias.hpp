@@ -14,7 +14,7 @@
 
 namespace posenc {
 
-/// Clipped scalar relative bias (FORMULAS 4.4), the 1-D form of Swin's
+/// Clipped scalar relative bias (docs/formulas.md 4.4), the 1-D form of Swin's
 /// relative position bias:
 /// `bias(h, i, j) = table[clip(p_j - p_i, -K, K) + K, h]` with a table of
 /// shape (2K + 1, heads). Row r holds distance key - query = r - K. A

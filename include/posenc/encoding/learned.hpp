@@ -3,9 +3,9 @@
 //
 // PE[p] = W[p + offset]. The offset is the number of reserved rows before
 // position 0: 0 for BERT and GPT-2, 2 for BART, mBART and OPT, padding_idx + 1
-// = 2 for RoBERTa (FORMULAS 2.1). A row outside [0, rows) is an error;
+// = 2 for RoBERTa (docs/formulas.md 2.1). A row outside [0, rows) is an error;
 // `extended` resamples the position rows to more (or fewer) positions by
-// linear interpolation along the position axis (FORMULAS 2.3).
+// linear interpolation along the position axis (docs/formulas.md 2.3).
 #pragma once
 
 #include <algorithm>
@@ -176,7 +176,7 @@ class learned {
 
   /// A learned encoder (owning, same offset) for `new_positions` positions:
   /// the position rows [offset, rows) are resampled linearly along the
-  /// position axis to `new_positions` rows (FORMULAS 2.3,
+  /// position axis to `new_positions` rows (docs/formulas.md 2.3,
   /// torch.nn.functional.interpolate(mode="linear") of a [1, d, rows - offset]
   /// tensor); the `offset` reserved rows before them (RoBERTa's padding row,
   /// BART's two) are kept as they are. The result has offset + new_positions

@@ -3,7 +3,7 @@
 //
 // Angles are computed at least in double (theta'_k in long double, the product
 // pos * theta'_k as an exact double-double, cos/sin in double) and only the
-// final cos/sin are rounded to T (FORMULAS 3.1). One cos/sin row per
+// final cos/sin are rounded to T (docs/formulas.md 3.1). One cos/sin row per
 // token is shared by all heads; the rotation of a head row is an xsimd kernel
 // (see "Rotation kernels" below) with a scalar reference kept for the tests.
 #pragma once
@@ -203,7 +203,7 @@ void rope_rotate_interleaved(T* out, T const* in, T const* c, T const* s, index_
 /// Rotary position embedding (Su et al. 2021) for element type T (float or double).
 ///
 /// Rotates the first `rotary_dim` components of every query/key head by
-/// angles pos * theta'_k (FORMULAS 3), in the pair layout the checkpoint was
+/// angles pos * theta'_k (docs/formulas.md 3), in the pair layout the checkpoint was
 /// trained with; the remaining head_dim - rotary_dim components pass through.
 /// A scaling rule gives theta'_k and an attention factor that multiplies cos
 /// and sin.

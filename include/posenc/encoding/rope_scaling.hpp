@@ -2,7 +2,7 @@
 // RoPE scaling rules (none, linear, dynamic NTK, YaRN, Llama 3, LongRoPE) -> inverse frequencies and attention factor.
 //
 // Everything here is double precision: the frequencies theta'_k and the
-// attention factor a of FORMULAS 3.5. The rotation itself lives in rope.hpp.
+// attention factor a of docs/formulas.md 3.5. The rotation itself lives in rope.hpp.
 #pragma once
 
 #include <algorithm>
@@ -21,7 +21,7 @@
 
 namespace posenc {
 
-/// Which components of a head form rotation pair k (FORMULAS 3.2). There is
+/// Which components of a head form rotation pair k (docs/formulas.md 3.2). There is
 /// no default: a layout that does not match the checkpoint silently ruins
 /// the model.
 enum class rope_layout {
@@ -47,7 +47,7 @@ inline char const* to_string(rope_scaling_type t) noexcept {
   return "?";
 }
 
-/// Typed parameters of a scaling rule (FORMULAS 3.5). Build it with one of
+/// Typed parameters of a scaling rule (docs/formulas.md 3.5). Build it with one of
 /// the named factories, which take every length the rule needs: there are no
 /// hidden defaults for lengths. Fields that are not lengths carry HF's
 /// defaults (beta_fast 32, beta_slow 1, truncate true) and may be changed
@@ -145,7 +145,7 @@ struct rope_frequencies {
 };
 
 /// YaRN's correction range (lo, hi) over the pair index, after truncation and
-/// clamping (FORMULAS 3.5): r = 64, base 1e4, L0 4096 gives (10, 23).
+/// clamping (docs/formulas.md 3.5): r = 64, base 1e4, L0 4096 gives (10, 23).
 inline std::pair<double, double> yarn_correction_range(index_t rotary_dim, double base, double beta_fast,
                                                        double beta_slow, index_t original_max_position_embeddings,
                                                        bool truncate) {
@@ -262,7 +262,7 @@ inline void check_rope_scaling(char const* where, rope_scaling const& sc, index_
 
 }  // namespace detail
 
-/// theta'_k and a for a scaling at the current length L (FORMULAS 3.1, 3.5).
+/// theta'_k and a for a scaling at the current length L (docs/formulas.md 3.1, 3.5).
 /// `length` matters only for dynamic (L > M) and longrope (L > L0).
 /// Computed in long double (double where that is all there is).
 /// Preconditions: the scaling passed detail::check_rope_scaling; base > 1; r even >= 2.
@@ -463,7 +463,7 @@ class hf_reader {
 }  // namespace detail
 
 /// Translates Hugging Face style parameters into rope_options, applying HF's
-/// defaults where HF has them (FORMULAS 3.5, HF v5 precedence):
+/// defaults where HF has them (docs/formulas.md 3.5, HF v5 precedence):
 /// - no rope_type / type: no scaling (an error if scaling keys are given);
 /// - rope_theta defaults to 10000; partial_rotary_factor f gives rotary_dim = int(head_dim * f);
 /// - dynamic: factor and max_position_embeddings required;

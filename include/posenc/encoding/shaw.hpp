@@ -22,7 +22,7 @@ enum class shaw_terms {
 };
 
 /// Relative key/value embeddings of Shaw, Uszkoreit and Vaswani (2018), as in
-/// tensor2tensor's `dot_product_attention_relative` (FORMULAS 4.3). With clip
+/// tensor2tensor's `dot_product_attention_relative` (docs/formulas.md 4.3). With clip
 /// distance K >= 1 and tables aK, aV of shape (2K + 1, head_dim), shared by
 /// the heads of a layer, and idx(i, j) = clip(p_j - p_i, -K, K) + K:
 ///

@@ -48,7 +48,7 @@ enum class sinusoidal_frequency {
 
 /// Parameters of sinusoidal<T>.
 struct sinusoidal_params {
-  /// Row width d (> 0). Odd widths follow FORMULAS 1.1-1.3.
+  /// Row width d (> 0). Odd widths follow docs/formulas.md 1.1-1.3.
   index_t d_model = 0;
   sinusoidal_layout layout = sinusoidal_layout::interleaved;
   /// `tensor2tensor` requires the concatenated layout.

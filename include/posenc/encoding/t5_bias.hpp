@@ -25,7 +25,7 @@ struct t5_bias_params {
   index_t max_distance = 128;  ///< D: must exceed max_exact (N/4 bidirectional, N/2 causal)
 };
 
-/// T5 bucketed relative position bias (FORMULAS 4.1):
+/// T5 bucketed relative position bias (docs/formulas.md 4.1):
 /// `bias(h, i, j) = table[bucket(p_j - p_i), h]`, not scaled (T5 attention uses scale 1).
 ///
 /// bucket(delta), delta = key - query: with N' = N/2 and a +N' offset for
