@@ -6,21 +6,15 @@
 #include <vector>
 
 #include "support/catch.hpp"
+#include "support/error_of.hpp"
 
 using posenc::index_t;
 using posenc::position_span;
 
 namespace {
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (posenc::error const& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+using posenc_test::error_of;
+
 
 }  // namespace
 

@@ -7,21 +7,15 @@
 #include <vector>
 
 #include "support/catch.hpp"
+#include "support/error_of.hpp"
 
 using posenc::index_t;
 
 namespace {
 
+using posenc_test::error_of;
+
 /// The message of the posenc::error thrown by f, or "<no error>".
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (posenc::error const& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
 
 /// Sum of a view's elements through the const overload (tests the implicit conversion).
 double sum_const(posenc::view<const float> v) {

@@ -13,20 +13,14 @@
 #include <vector>
 
 #include "support/catch.hpp"
+#include "support/error_of.hpp"
 
 using posenc::index_t;
 
 namespace {
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (posenc::error const& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+using posenc_test::error_of;
+
 
 /// Counts how often it is formatted.
 struct counted {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "support/catch.hpp"
+#include "support/error_of.hpp"
 
 using posenc::alibi;
 using posenc::alibi_form;
@@ -18,15 +19,8 @@ using posenc_test::contains;
 
 namespace {
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (posenc::error const& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+using posenc_test::error_of;
+
 
 using table = posenc::relative_table<float>;
 

@@ -75,24 +75,6 @@ void operator delete[](void* p, std::align_val_t) noexcept { release(p); }
 void operator delete(void* p, std::size_t, std::align_val_t) noexcept { release(p); }
 void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { release(p); }
 
-namespace posenc_test {
-/// The reference path run in float: the "plain float implementation" of the tolerance rule.
-struct plain_float {};
-}  // namespace posenc_test
-
-namespace posenc::detail {
-template <>
-struct kernel<posenc_test::plain_float> {
-  static constexpr bool available = true;
-  static constexpr bool provides_scores = true;
-  static constexpr bool rotates_itself = false;
-  template <class T, class E>
-  static void run(attention_plan<T> const& p, view<const T> q, view<const T> k, view<const T> v, view<T> out,
-                  E const& enc) {
-    reference_attention<T>(p, q, k, v, out, enc);
-  }
-};
-}  // namespace posenc::detail
 
 using posenc::index_t;
 
@@ -167,7 +149,7 @@ std::vector<T> run(buffers<T>& bf, E const& enc, posenc::attention_options<T> op
 template <class T, class E>
 void check_agrees(buffers<T>& bf, E const& enc, posenc::attention_options<T> const& opt, std::string const& what) {
   auto ref = run<posenc::path::reference>(bf, enc, opt);
-  auto plain = run<posenc_test::plain_float>(bf, enc, opt);
+  auto plain = run<posenc_test::plain_path>(bf, enc, opt);
   auto got = run<posenc::path::fused>(bf, enc, opt);
   auto rep = posenc_test::within_tolerance(got, ref, plain, 1e-6);
   INFO(what << ": " << rep.describe());
