@@ -6,7 +6,9 @@
 Reads the JSON written by `posenc_bench_attention --benchmark_out=attention.json
 --benchmark_out_format=json`. Single-thread rates are computed from the
 process CPU time (the bench machine is shared; CPU time excludes the time the
-thread waited for a core); two-thread rates from the wall-clock time.
+thread waited for a core); two-thread rates from the wall-clock time; decode
+entries from their manual time (the call alone: a read of K and V follows each
+call, and its ratio is the entry's x_stream counter).
 With --table, prints the Markdown table of docs/performance.md.
 """
 import json
@@ -29,6 +31,8 @@ def rate(b):
     m = re.search(r"threads:(\d+)", name)
     if m:
         threads = int(m.group(1))
+    if "x_stream" in b:  # decode entries: manual time of the call alone (a read of K and V follows it)
+        return g
     if threads == 1 and b.get("cpu_time", 0) > 0:
         return g * b["real_time"] / b["cpu_time"]
     return g
@@ -57,7 +61,8 @@ def parse(benches):
         if m:
             key = (m.group(1), m.group(2), int(m.group(3)), int(m.group(4)), int(m.group(5)), int(m.group(6)),
                    int(m.group(7)), int(m.group(8)))
-            att[key] = {"gflops": rate(b), "ms": (b["cpu_time"] if key[-1] == 1 else b["real_time"]),
+            cpu = key[-1] == 1 and "x_stream" not in b
+            att[key] = {"gflops": rate(b), "ms": (b["cpu_time"] if cpu else b["real_time"]),
                         "unit": b.get("time_unit", "ms")}
     return peak, gemm, att
 

@@ -106,7 +106,9 @@ struct buffers {
     v = posenc_test::random_vector<T>(static_cast<std::size_t>(extent(s.Sk, s.Hkv, s.Dv)), seed + 2);
   }
   index_t extent(index_t seq, index_t heads, index_t dim) const {
-    return s.offset + s.B * seq * heads * (dim + s.pad) + seq * s.pad + 8;
+    // Covers make()'s strides for both layouts (the pad after every row and
+    // after every token or head block, in every batch entry).
+    return s.offset + s.B * (seq * heads * (dim + s.pad) + (seq + heads) * s.pad) + 8;
   }
   template <class U>
   posenc::view<U> make(U* data, index_t seq, index_t heads, index_t dim) const {
@@ -364,6 +366,89 @@ TEST_CASE("fused decode: few queries against a long cache, split across threads"
   }
 }
 
+TEST_CASE("fused with a reserved RoPE rotates inside the tiles == reference", "[fused][rope]") {
+  // reserved_for(length) holds: queries and key tiles are rotated in the
+  // kernel (checked to happen by the allocation test below). Lane kernel,
+  // row kernel and decode path; GQA, padding, explicit and negative positions,
+  // keys given rotated, both layouts, partial rotary, YaRN, composed with ALiBi.
+  std::uint64_t seed = 501;
+  for (int trial = 0; trial < 6; ++trial) {
+    shape s;
+    s.B = 2;
+    s.Sq = trial % 3 == 0 ? 70 : (trial % 3 == 1 ? 1 : 3);
+    s.Sk = 75 + 11 * trial;
+    s.Hq = 4;
+    s.Hkv = trial % 2 == 0 ? 1 : 2;
+    s.D = trial < 3 ? 32 : 20;
+    s.Dv = 24;
+    s.pad = trial % 2;
+    s.offset = trial % 3;
+    s.bhsd = trial >= 4;
+    buffers<float> bf(s, seed++);
+    std::string const d = describe(s);
+    posenc::rope_options o;
+    o.rotary_dim = trial % 2 == 0 ? s.D : s.D / 2;
+    if (trial >= 3) o.scaling = posenc::rope_scaling::yarn(4.0, 64);
+    posenc::rope<float> rope(trial % 2 == 0 ? posenc::rope_layout::half_split : posenc::rope_layout::interleaved,
+                             s.D, o);
+    rope.reserve(512);
+    REQUIRE(rope.reserved_for(s.Sk));
+    posenc::attention_options<float> opt;
+    opt.threads = 1 + trial % 2;
+    check_agrees(bf, rope, opt, d + " rope");
+    opt.causal = true;
+    check_agrees(bf, rope, opt, d + " rope causal");
+    check_agrees(bf, posenc::compose(rope, posenc::alibi<float>(posenc::alibi_form::paper, s.Hq)), opt,
+                 d + " rope+alibi causal");
+    opt.keys_rotated = true;
+    check_agrees(bf, rope, opt, d + " rope, keys already rotated");
+    opt.keys_rotated = false;
+    bf.key_len = {s.Sk - 5, 2};
+    opt.key_lengths = posenc::span<const index_t>(bf.key_len.data(), 2);
+    bf.qpos = {-2, s.Sk / 2};
+    opt.q_positions = posenc::position_span::per_batch(posenc::span<const index_t>(bf.qpos.data(), 2));
+    check_agrees(bf, rope, opt, d + " rope, key lengths, negative query positions");
+    opt.q_positions = {};
+    opt.key_lengths = {};
+    bf.kpos.resize(static_cast<std::size_t>(s.B * s.Sk));
+    for (std::size_t t = 0; t < bf.kpos.size(); ++t) bf.kpos[t] = static_cast<index_t>((t * 5) % 90);
+    opt.k_positions = posenc::position_span::ids(bf.kpos.data(), s.B, s.Sk);
+    opt.causal = false;
+    check_agrees(bf, rope, opt, d + " rope, explicit key positions");
+  }
+}
+
+TEST_CASE("fused with a reserved RoPE in double and on the decode path", "[fused][rope]") {
+  for (index_t sq : {index_t{1}, index_t{65}}) {
+    shape s;
+    s.Sq = sq;
+    s.Sk = 300;
+    s.Hq = 4;
+    s.Hkv = 2;
+    s.D = 24;
+    s.Dv = 17;
+    buffers<double> bf(s, 9 + static_cast<std::uint64_t>(sq));
+    posenc::rope<double> rope(posenc::rope_layout::half_split, s.D);
+    rope.reserve(300);
+    posenc::attention_options<double> opt;
+    opt.causal = true;
+    opt.threads = 2;
+    check_agrees(bf, rope, opt, describe(s) + " double rope");
+  }
+  // A table too short for the call: rotated copies instead, same result.
+  shape s;
+  s.Sq = 1;
+  s.Sk = 200;
+  s.Hq = 2;
+  s.D = 16;
+  s.Dv = 16;
+  buffers<float> bf(s, 5);
+  posenc::rope<float> rope(posenc::rope_layout::interleaved, s.D);
+  rope.reserve(100);
+  CHECK_FALSE(rope.reserved_for(200));
+  check_agrees(bf, rope, posenc::attention_options<float>{}, describe(s) + " short table");
+}
+
 TEST_CASE("fused: 1 thread == 2 threads", "[fused]") {
   shape s;
   s.B = 2;
@@ -428,10 +513,11 @@ TEST_CASE("fused rejects the scores output; path::best then uses the materialize
 }
 
 TEST_CASE("fused: no allocation grows with Sq x Sk", "[fused]") {
-  // Scratch is a function of the head dims only.
-  CHECK(posenc::detail::fused_scratch_elements<float>(64, 64) ==
-        posenc::detail::fused_scratch_elements<float>(64, 64));
-  auto measure = [](index_t S, bool decode) {
+  // Scratch is a function of the tile constants, head dims and head count
+  // (fused_scratch_elements); here the allocations of whole calls are counted.
+  posenc::rope<float> rope(posenc::rope_layout::half_split, 16);
+  rope.reserve(2048);
+  auto measure = [&](index_t S, bool decode, bool with_rope) {
     shape s;
     s.Sq = decode ? 1 : S;
     s.Sk = S;
@@ -446,21 +532,30 @@ TEST_CASE("fused: no allocation grows with Sq x Sk", "[fused]") {
     opt.threads = 2;
     auto ov = posenc::make_bshd(out.data(), 1, s.Sq, s.Hq, s.Dv);
     posenc::alibi<float> enc(posenc::alibi_form::paper, 2);
+    auto const rope_alibi = posenc::compose(rope, enc);  // copies the table: before counting
     g_bytes = 0;
     g_largest = 0;
     g_counting = true;
-    posenc::attention<posenc::path::fused>(bf.qv(), bf.kv(), bf.vv(), ov, enc, opt);
+    if (with_rope)  // rotated inside the tiles: no copy of q or k
+      posenc::attention<posenc::path::fused>(bf.qv(), bf.kv(), bf.vv(), ov, rope_alibi, opt);
+    else
+      posenc::attention<posenc::path::fused>(bf.qv(), bf.kv(), bf.vv(), ov, enc, opt);
     g_counting = false;
     return std::make_pair(g_bytes.load(), g_largest.load());
   };
-  for (bool decode : {false, true}) {
-    auto small = measure(512, decode), large = measure(2048, decode);
-    INFO("decode " << decode << ": " << small.first << " -> " << large.first << " bytes, largest "
+  for (bool decode : {false, true})
+  for (bool with_rope : {false, true}) {
+    auto small = measure(512, decode, with_rope), large = measure(2048, decode, with_rope);
+    INFO("decode " << decode << " rope " << with_rope << ": " << small.first << " -> " << large.first << " bytes, largest "
                    << small.second << " -> " << large.second);
     // 4x the length: a Sq x Sk buffer would grow 16x (2048^2 floats = 16 MiB);
-    // what grows here is linear (positions: 8 bytes per token).
-    CHECK(large.first - small.first <= 2 * 8 * (2048 - 512) + 4096);
-    CHECK(large.first < 2048 * 2048 / 16);
+    // what grows here is linear (positions: 8 bytes per token, and the
+    // rotation ids of queries and keys with RoPE); copies of q and k
+    // (2 x 2 heads x 16 floats = 256 bytes per token) would not fit.
+    CHECK(large.first - small.first <= (with_rope ? 4 : 2) * 8 * (2048 - 512) + 4096);
+    // Everything together (per-thread scratch included) stays under 1/16 of
+    // one 2048 x 2048 float score matrix.
+    CHECK(large.first < 2048 * 2048 * 4 / 16);
   }
 }
 

@@ -33,14 +33,16 @@ struct dependent_path {
   using type = P;
 };
 
-/// Copy of x into a packed (batch, seq, head, dim) buffer.
-template <class T>
-view<T> pack_copy(view<const T> x, aligned_buffer<T>& buf) {
-  buf = aligned_buffer<T>(x.size());
+/// Copy of x into a packed (batch, seq, head, dim) buffer, rotated by enc at
+/// the position ids (batch, seq).
+template <class T, class E>
+view<T> rotated_copy(view<const T> x, aligned_buffer<T>& buf, E const& enc, index_t const* ids, index_t length) {
+  buf = aligned_buffer<T>::uninitialized(x.size());
   view<T> y = make_bshd(buf.data(), x.batch, x.seq, x.heads, x.dim);
   for (index_t b = 0; b < x.batch; ++b)
     for (index_t s = 0; s < x.seq; ++s)
       for (index_t h = 0; h < x.heads; ++h) std::copy(x.ptr(b, s, h), x.ptr(b, s, h) + x.dim, y.ptr(b, s, h));
+  enc.rotate(y, position_span::ids(ids, x.batch, x.seq), length);
   return y;
 }
 
@@ -73,7 +75,7 @@ void run_attention(view<const T> q, view<const T> k, view<const T> v, view<T> ou
               "does not produce the scores output; use path::reference or path::materialized)");
     }
     if (plan.batch == 0 || plan.q_len == 0 || plan.q_heads == 0) return;  // nothing to write
-    if constexpr (traits::rotates_queries_keys && !K::rotates_itself) {
+    if constexpr (traits::rotates_queries_keys) {
       if (plan.k_len > 0 && plan.head_dim > 0) {
         // length = largest position + 1 (dynamic scalings pick frequencies from it):
         // the largest key position (keys that are not padding, when there are
@@ -91,21 +93,29 @@ void run_attention(view<const T> q, view<const T> k, view<const T> v, view<T> ou
         // Rows at negative positions see no key (validated); rotate them as position 0.
         std::vector<index_t> qids(plan.q_pos.size());
         for (std::size_t t = 0; t < qids.size(); ++t) qids[t] = std::max<index_t>(0, plan.q_pos[t]);
-        aligned_buffer<T> qbuf, kbuf;
-        view<T> qr = pack_copy(q, qbuf);
-        enc.rotate(qr, position_span::ids(qids.data(), plan.batch, plan.q_len), length);
-        view<const T> kr = k;
+        std::vector<index_t> kids;
         if (!opt.keys_rotated) {
-          std::vector<index_t> kids(static_cast<std::size_t>(plan.batch * plan.k_len));
+          kids.resize(static_cast<std::size_t>(plan.batch * plan.k_len));
           for (index_t b = 0; b < plan.batch; ++b)
             for (index_t j = 0; j < plan.k_len; ++j)  // padding keys are never visible
               kids[b * plan.k_len + j] = j < plan.key_length(b) ? plan.k_position(b, j)
                                                                 : std::min(plan.k_position(b, j), length - 1);
-          view<T> kw = pack_copy(k, kbuf);
-          enc.rotate(kw, position_span::ids(kids.data(), plan.batch, plan.k_len), length);
-          kr = kw;
         }
-        K::run(plan, view<const T>(qr), kr, v, out, enc);
+        if constexpr (K::rotates_itself) {
+          if (rotation_reserved(enc, length)) {
+            // Rotation inside the kernel's tiles. One row rotated here first
+            // gives any error of the encoder now, before anything is written.
+            std::vector<T> row(static_cast<std::size_t>(plan.head_dim));
+            enc.rotate(make_bshd(row.data(), 1, 1, 1, plan.head_dim), position_span::ids(qids.data(), 1, 1), length);
+            rotation_ids const rot{qids.data(), kids.empty() ? nullptr : kids.data(), length};
+            K::run(plan, q, k, v, out, enc, &rot);
+            return;
+          }
+        }
+        aligned_buffer<T> qbuf, kbuf;
+        view<const T> const qr = rotated_copy(q, qbuf, enc, qids.data(), length);
+        view<const T> const kr = kids.empty() ? k : rotated_copy(k, kbuf, enc, kids.data(), length);
+        K::run(plan, qr, kr, v, out, enc);
         return;
       }
     }

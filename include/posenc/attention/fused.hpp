@@ -31,6 +31,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <initializer_list>
 #include <limits>
 #include <type_traits>
 #include <utility>
@@ -199,8 +200,7 @@ struct lane_sizes {
   }
   static index_t shared_elements(index_t D) noexcept {
     index_t const bq = Tr::block_q, bk = Tr::block_kv;
-    (void)D;
-    return 3 * bk * bq + 2 * bq + 96;  // st, bt, brow, rlo/rhi
+    return 3 * bk * bq + 2 * bq + (bk + bq) * D + 128;  // st, bt, brow, rlo/rhi, rotated key tile and queries
   }
   static index_t elements(index_t D, index_t Dv) noexcept {
     return Tr::blocks_per_item * block_elements(D, Dv) + shared_elements(D);
@@ -221,11 +221,39 @@ struct lane_block {
   index_t lo[256], hi[256];     // per-row visible key range [lo, hi)
 };
 
+/// Copies key rows [t0, t0 + nk) of (b, hk) into `tile` (nk, D) and rotates
+/// them at their position ids (RoPE fused: each key tile rotated as loaded).
+template <class T, class E>
+void rotate_key_tile(attention_plan<T> const& p, view<const T> k, E const& enc, rotation_ids const& rot, index_t b,
+                     index_t hk, index_t t0, index_t nk, T* tile) noexcept {
+  index_t const D = p.head_dim;
+  for (index_t j = 0; j < nk; ++j) {
+    T const* src = k.ptr(b, t0 + j, hk);
+    std::copy(src, src + D, tile + j * D);
+  }
+  if constexpr (encoder_traits<E>::rotates_queries_keys)
+    enc.rotate(make_bshd(tile, 1, nk, 1, D), position_span::ids(rot.k + b * p.k_len + t0, 1, nk), rot.length);
+  else
+    (void)enc, (void)rot;
+}
+
+/// Rotates n query rows gathered in `rows` (n, D) at position ids `ids`.
+template <class T, class E>
+void rotate_query_rows(attention_plan<T> const& p, E const& enc, rotation_ids const& rot, index_t const* ids,
+                       index_t n, T* rows) noexcept {
+  if constexpr (encoder_traits<E>::rotates_queries_keys) {
+    if (n > 0) enc.rotate(make_bshd(rows, 1, n, 1, p.head_dim), position_span::ids(ids, 1, n), rot.length);
+  } else {
+    (void)p, (void)enc, (void)rot, (void)ids, (void)n, (void)rows;
+  }
+}
+
 /// One work item of the lane kernel: (b, kv head hk), blocks [blk0, blk1).
+/// `rot`: rotate the queries and key tiles here (null: they arrive rotated).
 template <class Tr, class T, class E>
 void lane_item(attention_plan<T> const& p, view<const T> q, view<const T> k, view<const T> v,
                view<T> out, E const& enc, index_t b, index_t hk, index_t blk0, index_t blk1,
-               T* scratch, lane_block<T>* blocks) noexcept {
+               T* scratch, lane_block<T>* blocks, rotation_ids const* rot) noexcept {
   using A = typename Tr::arch;
   using B = typename Tr::batch;
   constexpr index_t W = Tr::width, BQ = Tr::block_q, BK = Tr::block_kv, MQ = Tr::micro_q;
@@ -252,6 +280,9 @@ void lane_item(attention_plan<T> const& p, view<const T> q, view<const T> k, vie
   T* brow = c.take(BQ * BK);
   T* rlo = c.take(BQ);
   T* rhi = c.take(BQ);
+  T* ktile = c.take(BK * D);
+  T* qrows = c.take(BQ * D);
+  index_t rid[BQ];
 
   // Block setup: transposed queries, statistics, visible key ranges.
   index_t kfirst = far_key, klast = 0;
@@ -275,7 +306,12 @@ void lane_item(attention_plan<T> const& p, view<const T> q, view<const T> k, vie
     for (index_t l = 0; l < bl.rows; ++l) {
       index_t const r = bl.row0 + l, i = r / G, h = hk * G + r % G;
       T const* qi = q.ptr(b, i, h);
-      for (index_t d = 0; d < D; ++d) bl.qt[d * BQ + l] = qi[d];
+      if (rot) {
+        std::copy(qi, qi + D, qrows + l * D);
+        rid[l] = rot->q[b * p.q_len + i];
+      } else {
+        for (index_t d = 0; d < D; ++d) bl.qt[d * BQ + l] = qi[d];
+      }
       key_range const kr = p.visible_range(b, i, 0, p.k_len);
       bl.exact = bl.exact && kr.all;
       if (kr.empty()) {
@@ -289,6 +325,11 @@ void lane_item(attention_plan<T> const& p, view<const T> q, view<const T> k, vie
       bl.all_first = std::max(bl.all_first, kr.first);
       bl.all_last = std::min(bl.all_last, kr.last);
     }
+    if (rot) {  // each query block rotated once, then transposed
+      rotate_query_rows(p, enc, *rot, rid, bl.rows, qrows);
+      for (index_t l = 0; l < bl.rows; ++l)
+        for (index_t d = 0; d < D; ++d) bl.qt[d * BQ + l] = qrows[l * D + d];
+    }
     if (bl.rows < BQ) bl.all_last = 0;  // padding lanes: never "all visible"
     kfirst = std::min(kfirst, bl.first);
     klast = std::max(klast, bl.last);
@@ -298,10 +339,16 @@ void lane_item(attention_plan<T> const& p, view<const T> q, view<const T> k, vie
   for (index_t t0 = t_begin; t0 < klast; t0 += BK) {
     index_t const nk = std::min(BK, klast - t0);
     T const* kt = k.ptr(b, t0, hk);
+    index_t ldk = k.seq_stride;
     T const* vt = v.ptr(b, t0, hk);
     for (index_t t = 0; t < nb; ++t) {
       lane_block<T>& bl = blocks[t];
       if (bl.first >= bl.last || t0 >= bl.last || t0 + nk <= bl.first) continue;
+      if (rot && rot->k && kt != ktile) {  // rotated once, for every block that uses the tile
+        rotate_key_tile(p, k, enc, *rot, b, hk, t0, nk, ktile);
+        kt = ktile;
+        ldk = D;
+      }
       // Only the rows that use this tile count; vectors past them are padding.
       index_t const nv = (bl.rows + W - 1) / W;
       index_t const ngroups = (nv + MQ - 1) / MQ;
@@ -309,7 +356,7 @@ void lane_item(attention_plan<T> const& p, view<const T> q, view<const T> k, vie
       // Scores st (nk, BQ).
       for (index_t g = 0; g < ngroups; ++g) {
         row_blocks<Tr::micro_rows>(nk, [&](index_t r0, auto mr) {
-          score_micro<Tr, decltype(mr)::value, MQ>(kt + r0 * k.seq_stride, k.seq_stride, bl.qt + g * MQ * W,
+          score_micro<Tr, decltype(mr)::value, MQ>(kt + r0 * ldk, ldk, bl.qt + g * MQ * W,
                                                    BQ, D, st + r0 * BQ + g * MQ * W, BQ);
         });
       }
@@ -400,11 +447,22 @@ void lane_item(attention_plan<T> const& p, view<const T> q, view<const T> k, vie
 // ---------------------------------------------------------------------------
 // Row kernel.
 
+/// Elements of row_scratch<Tr, T> for head dim D.
+template <class Tr>
+index_t row_scratch_elements(index_t D) noexcept {
+  return (Tr::row_group + 1 + D) * Tr::block_kv + 64;
+}
+
 template <class Tr>
 struct row_sizes {
+  /// Per thread: the scratch, and query rows (rotated copies) of one item.
   static index_t elements(index_t D, index_t Dv) noexcept {
-    index_t const g = Tr::row_group, bk = Tr::block_kv;
-    return g * (D + Dv + bk + 3) + 2 * bk + 128;  // q rows, outputs, score rows, m/l/alpha, tmp + padding
+    (void)Dv;
+    return row_scratch_elements<Tr>(D) + Tr::row_group * D + 16;
+  }
+  /// Per thread on the decode path: the scratch and the query rows of every kv head.
+  static index_t decode_elements(index_t D, index_t kv_heads) noexcept {
+    return row_scratch_elements<Tr>(D) + kv_heads * Tr::row_group * D + 16;
   }
 };
 
@@ -420,7 +478,10 @@ inline void prefetch_rows(T const* p, index_t stride, index_t n, index_t len) no
 #endif
 }
 
-/// s[g][j] = q_g . k_j for NG rows and nk keys.
+/// s[g][j] = q_g . k_j for NG rows and nk keys. Keys go in groups of W:
+/// each key's partial sums (one vector per row) are collected in a W x W
+/// block, transposed and added, so W dot products cost one transpose instead
+/// of W horizontal reductions.
 template <class Tr, int NG>
 inline void row_scores(typename Tr::value_type const* const* qr, typename Tr::value_type const* k, index_t ldk,
                        index_t nk, index_t D, typename Tr::value_type* const* s) noexcept {
@@ -429,27 +490,50 @@ inline void row_scores(typename Tr::value_type const* const* qr, typename Tr::va
   using A = typename Tr::arch;
   constexpr index_t W = Tr::width;
   index_t const Dw = D / W * W;
-  for (index_t j = 0; j < nk; ++j) {
-    T const* kj = k + j * ldk;
-    B acc0[NG], acc1[NG];
-    for (int g = 0; g < NG; ++g) acc0[g] = acc1[g] = B(T(0));
+  auto partial = [&](T const* kj, B* acc) {
+    B acc1[NG];
+    for (int g = 0; g < NG; ++g) acc[g] = acc1[g] = B(T(0));
     index_t d = 0;
     for (; d + 2 * W <= Dw; d += 2 * W) {
       B const k0 = simd::load<T, A>(kj + d), k1 = simd::load<T, A>(kj + d + W);
       for (int g = 0; g < NG; ++g) {
-        acc0[g] = simd::fma(simd::load<T, A>(qr[g] + d), k0, acc0[g]);
+        acc[g] = simd::fma(simd::load<T, A>(qr[g] + d), k0, acc[g]);
         acc1[g] = simd::fma(simd::load<T, A>(qr[g] + d + W), k1, acc1[g]);
       }
     }
     for (; d < Dw; d += W) {
       B const k0 = simd::load<T, A>(kj + d);
-      for (int g = 0; g < NG; ++g) acc0[g] = simd::fma(simd::load<T, A>(qr[g] + d), k0, acc0[g]);
+      for (int g = 0; g < NG; ++g) acc[g] = simd::fma(simd::load<T, A>(qr[g] + d), k0, acc[g]);
+    }
+    for (int g = 0; g < NG; ++g) acc[g] = acc[g] + acc1[g];
+  };
+  auto tail = [&](T const* kj, int g) {
+    T x = 0;
+    for (index_t e = Dw; e < D; ++e) x += qr[g][e] * kj[e];
+    return x;
+  };
+  index_t j = 0;
+  for (; j + W <= nk; j += W) {
+    B blk[NG][W];
+    for (index_t t = 0; t < W; ++t) {
+      B acc[NG];
+      partial(k + (j + t) * ldk, acc);
+      for (int g = 0; g < NG; ++g) blk[g][t] = acc[g];
     }
     for (int g = 0; g < NG; ++g) {
-      T x = simd::reduce_add(acc0[g] + acc1[g]);
-      for (index_t e = Dw; e < D; ++e) x += qr[g][e] * kj[e];
-      s[g][j] = x;
+      simd::transpose(blk[g]);
+      B sum = blk[g][0];
+      for (index_t t = 1; t < W; ++t) sum = sum + blk[g][t];
+      simd::store(s[g] + j, sum);
+      if (Dw < D)
+        for (index_t t = 0; t < W; ++t) s[g][j + t] += tail(k + (j + t) * ldk, g);
     }
+  }
+  for (; j < nk; ++j) {
+    T const* kj = k + j * ldk;
+    B acc[NG];
+    partial(kj, acc);
+    for (int g = 0; g < NG; ++g) s[g][j] = simd::reduce_add(acc[g]) + tail(kj, g);
   }
 }
 
@@ -500,98 +584,207 @@ struct row_state {
   T* o;  // (rows, Dv)
 };
 
+/// Rows [r0, r0 + n) of one (b, kv head) for the row kernel: query row
+/// pointers (rotated copies when RoPE is fused), positions, visible key ranges.
+template <class Tr, class T>
+struct row_rows {
+  T const* q[Tr::row_group];
+  index_t i[Tr::row_group], h[Tr::row_group];
+  key_range kr[Tr::row_group];
+  index_t n = 0;
+  index_t first = 0, last = 0;  // union of the visible ranges
+};
+
+/// Sets up rows [r0, r0 + ng) of (b, hk) against keys [j0, j1) and a fresh
+/// state. With `rot`, the rows are copied into qbuf (ng, D) and rotated.
+template <class Tr, class T, class E>
+void row_begin(attention_plan<T> const& p, view<const T> q, E const& enc, index_t b, index_t hk, index_t r0,
+               index_t ng, index_t j0, index_t j1, rotation_ids const* rot, T* qbuf, row_rows<Tr, T>& rr,
+               row_state<T> st) noexcept {
+  index_t const D = p.head_dim, Dv = p.value_dim, G = p.group;
+  index_t rid[Tr::row_group];
+  rr.n = ng;
+  rr.first = j1;
+  rr.last = j0;
+  for (index_t g = 0; g < ng; ++g) {
+    index_t const r = r0 + g;
+    rr.i[g] = r / G;
+    rr.h[g] = hk * G + r % G;
+    T const* src = q.ptr(b, rr.i[g], rr.h[g]);
+    if (rot) {
+      std::copy(src, src + D, qbuf + g * D);
+      rid[g] = rot->q[b * p.q_len + rr.i[g]];
+      rr.q[g] = qbuf + g * D;
+    } else {
+      rr.q[g] = src;
+    }
+    rr.kr[g] = p.visible_range(b, rr.i[g], j0, j1);
+    st.m[g] = -std::numeric_limits<T>::infinity();
+    st.l[g] = T(0);
+    std::fill(st.o + g * Dv, st.o + (g + 1) * Dv, T(0));
+    if (!rr.kr[g].empty()) {
+      rr.first = std::min(rr.first, rr.kr[g].first);
+      rr.last = std::max(rr.last, rr.kr[g].last);
+    }
+  }
+  if (rot) rotate_query_rows(p, enc, *rot, rid, ng, qbuf);
+}
+
+/// Per-thread scratch of the row kernel: score rows, a bias row, a rotated key tile.
+template <class Tr, class T>
+struct row_scratch {
+  T* s[Tr::row_group];
+  T* tmp;
+  T* ktile;
+  row_scratch(T* p, index_t D) noexcept {
+    carve<T> c{p};
+    for (auto& r : s) r = c.take(Tr::block_kv);
+    tmp = c.take(Tr::block_kv);
+    ktile = c.take(Tr::block_kv * D);
+  }
+};
+
+/// Online softmax update of row g of rr for raw scores s[0, nk) of keys
+/// t0 ..: scale, Shaw term, softcap, bias, masks; s becomes exp(s - max) and
+/// the row's (max, sum) are updated. Returns the factor the row's output
+/// must be rescaled by before the new keys' values are added.
+template <class Tr, class T, class E>
+T row_softmax(attention_plan<T> const& p, E const& enc, index_t b, row_rows<Tr, T> const& rr, index_t g, index_t t0,
+              index_t nk, T* s, T* tmp, row_state<T> st) noexcept {
+  using A = typename Tr::arch;
+  using B = typename Tr::batch;
+  constexpr index_t W = Tr::width;
+  constexpr bool has_bias = encoder_traits<E>::biases_scores;
+  constexpr bool has_shaw = encoder_traits<E>::relative_key_value;
+  T const scale = static_cast<T>(p.scale);
+  T const cap = static_cast<T>(p.softcap);
+  T const ninf = -std::numeric_limits<T>::infinity();
+  bool const general = has_bias || has_shaw || p.has_masks();
+  index_t const ri = rr.i[g], rh = rr.h[g];
+  for (index_t j = 0; j < nk; ++j) s[j] *= scale;
+  if (has_shaw) {
+    // Shaw's scale * q.aK term is part of the raw score (before the softcap).
+    encoder_terms(p, enc, rr.q[g], b, rh, ri, t0, nk, true, false, tmp);
+    for (index_t j = 0; j < nk; ++j) s[j] += tmp[j];
+  }
+  if (cap > 0) {
+    for (index_t j = 0; j < nk; ++j) s[j] = cap * std::tanh(s[j] / cap);
+  }
+  bool const covered = rr.kr[g].all && rr.kr[g].first <= t0 && rr.kr[g].last >= t0 + nk;
+  if (general || !covered) {
+    if (has_bias) {
+      encoder_terms(p, enc, rr.q[g], b, rh, ri, t0, nk, false, true, tmp);
+      for (index_t j = 0; j < nk; ++j) s[j] += tmp[j];
+    }
+    apply_masks(p, b, rh, ri, t0, nk, s);
+  }
+  T mx = st.m[g];
+  for (index_t j = 0; j < nk; ++j) mx = std::max(mx, s[j]);
+  T const m_use = mx == ninf ? T(0) : mx;
+  T const al = std::exp(st.m[g] - m_use);
+  B sumv(T(0));
+  index_t j = 0;
+  for (; j + W <= nk; j += W) {
+    B const e = simd::exp(simd::load<T, A>(s + j) - B(m_use));
+    simd::store(s + j, e);
+    sumv = sumv + e;
+  }
+  T sum = simd::reduce_add(sumv);
+  for (; j < nk; ++j) {
+    s[j] = std::exp(s[j] - m_use);
+    sum += s[j];
+  }
+  st.l[g] = st.l[g] * al + sum;
+  st.m[g] = mx;
+  return al;
+}
+
+/// Key tile [t0, t0 + nk) for the rows of rr: scores, online softmax update,
+/// values. Leaves (max, sum, unnormalised output) per row in `st`.
+template <class Tr, class T, class E>
+void row_tile(attention_plan<T> const& p, view<const T> k, view<const T> v, E const& enc, index_t b, index_t hk,
+              row_rows<Tr, T> const& rr, index_t t0, index_t nk, rotation_ids const* rot,
+              row_scratch<Tr, T> const& sc, row_state<T> st) noexcept {
+  constexpr bool has_shaw = encoder_traits<E>::relative_key_value;
+  index_t const D = p.head_dim, Dv = p.value_dim;
+  T const* kt = k.ptr(b, t0, hk);
+  index_t ldk = k.seq_stride;
+  if (rot && rot->k) {
+    rotate_key_tile(p, k, enc, *rot, b, hk, t0, nk, sc.ktile);
+    kt = sc.ktile;
+    ldk = D;
+  }
+  T const* vt = v.ptr(b, t0, hk);
+  auto scores = [&](index_t, auto n) { row_scores<Tr, decltype(n)::value>(rr.q, kt, ldk, nk, D, sc.s); };
+  fused::tail_block<Tr::row_group>(rr.n, 0, scores);
+  for (index_t g = 0; g < rr.n; ++g) {
+    T* s = sc.s[g];
+    T const al = row_softmax<Tr>(p, enc, b, rr, g, t0, nk, s, sc.tmp, st);
+    T* o = st.o + g * Dv;
+    row_values<Tr>(s, al, vt, v.seq_stride, nk, Dv, o);
+    if (has_shaw) encoder_values(p, enc, s, b, rr.i[g], t0, nk, o);
+  }
+}
+
 /// Row kernel over rows [r0, r0 + ng) of (b, hk) and keys [j0, j1): leaves
 /// (max, sum, unnormalised output) per row in `st`.
 template <class Tr, class T, class E>
 void row_item(attention_plan<T> const& p, view<const T> q, view<const T> k, view<const T> v, E const& enc,
-              index_t b, index_t hk, index_t r0, index_t ng, index_t j0, index_t j1, T* scratch,
-              row_state<T> st) noexcept {
-  using A = typename Tr::arch;
-  using B = typename Tr::batch;
-  constexpr index_t W = Tr::width, BK = Tr::block_kv;
-  constexpr bool has_bias = encoder_traits<E>::biases_scores;
-  constexpr bool has_shaw = encoder_traits<E>::relative_key_value;
-  index_t const D = p.head_dim, Dv = p.value_dim, G = p.group;
-  T const scale = static_cast<T>(p.scale);
-  T const cap = static_cast<T>(p.softcap);
-  T const ninf = -std::numeric_limits<T>::infinity();
-
-  carve<T> c{scratch};
-  T* srow[Tr::row_group];
-  for (index_t g = 0; g < ng; ++g) srow[g] = c.take(BK);
-  T* tmp = c.take(BK);
-  T const* qrow[Tr::row_group];
-  index_t ri[Tr::row_group], rh[Tr::row_group];
-  key_range kr[Tr::row_group];
-  index_t first = j1, last = j0;
-  for (index_t g = 0; g < ng; ++g) {
-    index_t const r = r0 + g;
-    ri[g] = r / G;
-    rh[g] = hk * G + r % G;
-    qrow[g] = q.ptr(b, ri[g], rh[g]);
-    kr[g] = p.visible_range(b, ri[g], j0, j1);
-    st.m[g] = ninf;
-    st.l[g] = T(0);
-    std::fill(st.o + g * Dv, st.o + (g + 1) * Dv, T(0));
-    if (!kr[g].empty()) {
-      first = std::min(first, kr[g].first);
-      last = std::max(last, kr[g].last);
-    }
-  }
-  bool const general = has_bias || has_shaw || p.has_masks();
-  for (index_t t0 = first; t0 < last; t0 += BK) {
-    index_t const nk = std::min(BK, last - t0);
-    T const* kt = k.ptr(b, t0, hk);
-    T const* vt = v.ptr(b, t0, hk);
-    if (t0 + BK < last) {
+              index_t b, index_t hk, index_t r0, index_t ng, index_t j0, index_t j1, rotation_ids const* rot,
+              T* qbuf, row_scratch<Tr, T> const& sc, row_state<T> st) noexcept {
+  constexpr index_t BK = Tr::block_kv;
+  row_rows<Tr, T> rr;
+  row_begin<Tr>(p, q, enc, b, hk, r0, ng, j0, j1, rot, qbuf, rr, st);
+  for (index_t t0 = rr.first; t0 < rr.last; t0 += BK) {
+    index_t const nk = std::min(BK, rr.last - t0);
+    if (t0 + BK < rr.last) {
       // Rows of one head sit a token stride apart (often in different 4 KiB
       // pages, where hardware prefetchers stop): fetch the next tile now.
-      index_t const nn = std::min(BK, last - t0 - BK);
-      prefetch_rows(k.ptr(b, t0 + BK, hk), k.seq_stride, nn, D);
-      prefetch_rows(v.ptr(b, t0 + BK, hk), v.seq_stride, nn, Dv);
+      index_t const nn = std::min(BK, rr.last - t0 - BK);
+      prefetch_rows(k.ptr(b, t0 + BK, hk), k.seq_stride, nn, p.head_dim);
+      prefetch_rows(v.ptr(b, t0 + BK, hk), v.seq_stride, nn, p.value_dim);
     }
-    auto scores = [&](index_t, auto n) { row_scores<Tr, decltype(n)::value>(qrow, kt, k.seq_stride, nk, D, srow); };
-    fused::tail_block<Tr::row_group>(ng, 0, scores);
-    for (index_t g = 0; g < ng; ++g) {
-      T* s = srow[g];
-      for (index_t j = 0; j < nk; ++j) s[j] *= scale;
-      if (has_shaw) {
-        // Shaw's scale * q.aK term is part of the raw score (before the softcap).
-        encoder_terms(p, enc, qrow[g], b, rh[g], ri[g], t0, nk, true, false, tmp);
-        for (index_t j = 0; j < nk; ++j) s[j] += tmp[j];
+    row_tile<Tr>(p, k, v, enc, b, hk, rr, t0, nk, rot, sc, st);
+  }
+}
+
+/// Decode: rows [0, R) of every kv head of batch entry b (R <= row_group)
+/// against keys [j0, j1), walking the keys tile by tile with all heads of a
+/// tile together, so the cache is read as one front moving through memory
+/// (one work item per batch entry and key chunk, not per head).
+/// `states(hk)` gives the state of head hk's rows; rr holds Hkv entries.
+template <class Tr, class T, class E, class StateOf>
+void decode_item(attention_plan<T> const& p, view<const T> q, view<const T> k, view<const T> v, E const& enc,
+                 index_t b, index_t j0, index_t j1, rotation_ids const* rot, T* qbuf, row_scratch<Tr, T> const& sc,
+                 row_rows<Tr, T>* rr, StateOf const& states) noexcept {
+  constexpr index_t RG = Tr::row_group;
+  index_t const Hkv = p.kv_heads, R = p.q_len * p.group;
+  index_t first = j1, last = j0;
+  for (index_t hk = 0; hk < Hkv; ++hk) {
+    row_begin<Tr>(p, q, enc, b, hk, 0, R, j0, j1, rot, qbuf + hk * RG * p.head_dim, rr[hk], states(hk));
+    if (rr[hk].first < rr[hk].last) {
+      first = std::min(first, rr[hk].first);
+      last = std::max(last, rr[hk].last);
+    }
+  }
+  // Key tile by key tile, every head of a tile before the next tile (the
+  // tile's rows of all heads are one contiguous region in BSHD), the next
+  // tile of every head prefetched.
+  constexpr index_t BK = Tr::block_kv;
+  for (index_t t0 = first; t0 < last; t0 += BK) {
+    index_t const nk = std::min(BK, last - t0);
+    index_t const ahead = t0 + BK;
+    if (ahead < last) {
+      index_t const nn = std::min(BK, last - ahead);
+      for (index_t hk = 0; hk < Hkv; ++hk) {
+        prefetch_rows(k.ptr(b, ahead, hk), k.seq_stride, nn, p.head_dim);
+        prefetch_rows(v.ptr(b, ahead, hk), v.seq_stride, nn, p.value_dim);
       }
-      if (cap > 0) {
-        for (index_t j = 0; j < nk; ++j) s[j] = cap * std::tanh(s[j] / cap);
-      }
-      bool const covered = kr[g].all && kr[g].first <= t0 && kr[g].last >= t0 + nk;
-      if (general || !covered) {
-        if (has_bias) {
-          encoder_terms(p, enc, qrow[g], b, rh[g], ri[g], t0, nk, false, true, tmp);
-          for (index_t j = 0; j < nk; ++j) s[j] += tmp[j];
-        }
-        apply_masks(p, b, rh[g], ri[g], t0, nk, s);
-      }
-      T mx = st.m[g];
-      for (index_t j = 0; j < nk; ++j) mx = std::max(mx, s[j]);
-      T const m_use = mx == ninf ? T(0) : mx;
-      T const al = std::exp(st.m[g] - m_use);
-      B sumv(T(0));
-      index_t j = 0;
-      for (; j + W <= nk; j += W) {
-        B const e = simd::exp(simd::load<T, A>(s + j) - B(m_use));
-        simd::store(s + j, e);
-        sumv = sumv + e;
-      }
-      T sum = simd::reduce_add(sumv);
-      for (; j < nk; ++j) {
-        s[j] = std::exp(s[j] - m_use);
-        sum += s[j];
-      }
-      st.l[g] = st.l[g] * al + sum;
-      st.m[g] = mx;
-      T* o = st.o + g * Dv;
-      row_values<Tr>(s, al, vt, v.seq_stride, nk, Dv, o);
-      if (has_shaw) encoder_values(p, enc, s, b, ri[g], t0, nk, o);
+    }
+    for (index_t hk = 0; hk < Hkv; ++hk) {
+      // This head's own visible union, clipped to the tile.
+      index_t const a = std::max(t0, rr[hk].first), e = std::min(t0 + nk, rr[hk].last);
+      if (a < e) row_tile<Tr>(p, k, v, enc, b, hk, rr[hk], a, e - a, rot, sc, states(hk));
     }
   }
 }
@@ -609,27 +802,29 @@ void finish_row(attention_plan<T> const& p, view<T> out, index_t b, index_t h, i
 }  // namespace fused
 
 /// Elements of T of the per-thread scratch of path::fused for head dims D and
-/// Dv: depends on the tile constants and the head dims only, never on the
-/// sequence lengths.
+/// Dv and kv_heads kv heads: depends on the tile constants, the head dims and
+/// the head count only, never on the sequence lengths.
 template <class T>
-index_t fused_scratch_elements(index_t D, index_t Dv) noexcept {
+index_t fused_scratch_elements(index_t D, index_t Dv, index_t kv_heads = 1) noexcept {
   using Tr = fused_default_traits<T>;
-  return std::max(fused::lane_sizes<Tr>::elements(D, Dv), fused::row_sizes<Tr>::elements(D, Dv));
+  return std::max({fused::lane_sizes<Tr>::elements(D, Dv), fused::row_sizes<Tr>::elements(D, Dv),
+                   fused::row_sizes<Tr>::decode_elements(D, kv_heads)});
 }
 
-/// Runs path::fused on a validated plan (q and k already rotated).
+/// Runs path::fused on a validated plan. `rot`: rotate q and k tiles in the
+/// kernel (RoPE fused); null: q and k arrive rotated (or need no rotation).
 template <class Tr, class T, class E>
 void fused_attention(attention_plan<T> const& p, view<const T> q, view<const T> k, view<const T> v,
-                     view<T> out, E const& enc) {
+                     view<T> out, E const& enc, rotation_ids const* rot = nullptr) {
   constexpr index_t BQ = Tr::block_q, NB = Tr::blocks_per_item, RG = Tr::row_group;
   index_t const B = p.batch, Hkv = p.kv_heads, G = p.group, R = p.q_len * G, D = p.head_dim,
                 Dv = p.value_dim;
-  int const threads = resolve_threads(p.threads);
+  int const threads = loop_threads(p.threads);
   constexpr bool shaw = encoder_traits<E>::relative_key_value;
 
   if (!shaw && R >= Tr::lane_kernel_min_rows) {
     index_t const per_thread = fused::lane_sizes<Tr>::elements(D, Dv);
-    aligned_buffer<T> scratch(per_thread * threads);
+    auto scratch = aligned_buffer<T>::uninitialized(per_thread * threads);
     // Lane kernel: items (b, hk, run of up to NB query blocks).
     index_t const nblocks = (R + BQ - 1) / BQ;
     // Fewer blocks per item when that is what keeps every thread busy.
@@ -643,48 +838,67 @@ void fused_attention(attention_plan<T> const& p, view<const T> q, view<const T> 
       int const tid = std::min(thread_index(), threads - 1);  // serial: one slot
       index_t const blk0 = sb * per_item, blk1 = std::min(nblocks, blk0 + per_item);
       fused::lane_item<Tr>(p, q, k, v, out, enc, b, hk, blk0, blk1, scratch.data() + tid * per_thread,
-                           blocks.data() + tid * NB);
+                           blocks.data() + tid * NB, rot);
     });
     return;
   }
 
-  // Row kernel: items (b, hk, group of up to RG rows, key chunk).
-  index_t const per_thread = fused::row_sizes<Tr>::elements(D, Dv);
-  aligned_buffer<T> scratch(per_thread * threads);
+  // Row kernel. Items (b, hk, group of up to RG rows, key chunk); on the
+  // decode path (R <= RG rows per kv head, no Shaw terms) items (b, key chunk)
+  // covering every kv head, so that K and V stream in memory order.
+  bool const decode = !shaw && R <= RG;
   index_t const groups = (R + RG - 1) / RG;
-  index_t const items = B * Hkv * groups;
+  index_t const items = B * Hkv * groups;  // (b, hk, group): the states' layout
+  index_t const work = decode ? B : items;  // units split into key chunks
   index_t const Sk = p.k_len, BK = Tr::block_kv;
   index_t chunks = 1;
-  if (threads > 1 && items < 2 * threads && Sk >= 2 * BK) {
-    chunks = std::min<index_t>((2 * threads + items - 1) / items, (Sk + BK - 1) / BK);
+  if (threads > 1 && work < 2 * threads && Sk >= 2 * BK) {
+    chunks = std::min<index_t>((2 * threads + work - 1) / work, (Sk + BK - 1) / BK);
   }
   index_t const chunk_len = ((Sk + chunks - 1) / chunks + BK - 1) / BK * BK;
   chunks = std::max<index_t>(1, (Sk + chunk_len - 1) / chunk_len);
-  // Partial states (m, l, o) of every (item, chunk): bounded by 2 * threads
-  // items when split, by one item per thread otherwise.
-  index_t const state_rows = RG * (chunks > 1 ? items * chunks : threads);
-  aligned_buffer<T> states(state_rows * (Dv + 2));
+  index_t const per_thread = decode ? fused::row_sizes<Tr>::decode_elements(D, Hkv)
+                                    : fused::row_sizes<Tr>::elements(D, Dv);
+  auto scratch = aligned_buffer<T>::uninitialized(per_thread * threads);
+  // Partial states (m, l, o) of every (item, chunk) when split or decoding;
+  // otherwise one item per thread.
+  bool const all_states = chunks > 1 || decode;
+  index_t const state_rows = RG * (all_states ? items * chunks : threads);
+  auto states = aligned_buffer<T>::uninitialized(state_rows * (Dv + 2));
   T* const ms = states.data();
   T* const ls = ms + state_rows;
   T* const os = ls + state_rows;
-  parallel_for(items * chunks, threads, [&](index_t it) {
-    index_t const item = it / chunks, ch = it % chunks;
-    index_t const bh = item / groups, grp = item % groups;
+  std::vector<fused::row_rows<Tr, T>> rrs(static_cast<std::size_t>(decode ? Hkv * threads : 0));
+  parallel_for(work * chunks, threads, [&](index_t it) {
+    index_t const u = it / chunks, ch = it % chunks;
+    int const tid = std::min(thread_index(), threads - 1);
+    T* const base = scratch.data() + tid * per_thread;
+    fused::row_scratch<Tr, T> const sc(base, D);
+    T* const qbuf = base + fused::row_scratch_elements<Tr>(D);
+    index_t const j0 = ch * chunk_len, j1 = std::min(Sk, j0 + chunk_len);
+    if (decode) {
+      index_t const b = u;
+      auto state_of = [&](index_t hk) {
+        index_t const slot = ((b * Hkv + hk) * chunks + ch) * RG;
+        return fused::row_state<T>{ms + slot, ls + slot, os + slot * Dv};
+      };
+      fused::decode_item<Tr>(p, q, k, v, enc, b, j0, j1, rot, qbuf, sc, rrs.data() + tid * Hkv, state_of);
+      return;
+    }
+    index_t const bh = u / groups, grp = u % groups;
     index_t const b = bh / Hkv, hk = bh % Hkv;
     index_t const r0 = grp * RG, ng = std::min(RG, R - r0);
-    int const tid = std::min(thread_index(), threads - 1);
-    index_t const slot = chunks > 1 ? it * RG : static_cast<index_t>(tid) * RG;
+    index_t const slot = all_states ? it * RG : static_cast<index_t>(tid) * RG;
     fused::row_state<T> st{ms + slot, ls + slot, os + slot * Dv};
-    index_t const j0 = ch * chunk_len, j1 = std::min(Sk, j0 + chunk_len);
-    fused::row_item<Tr>(p, q, k, v, enc, b, hk, r0, ng, j0, j1, scratch.data() + tid * per_thread, st);
-    if (chunks == 1) {
+    fused::row_item<Tr>(p, q, k, v, enc, b, hk, r0, ng, j0, j1, rot, qbuf, sc, st);
+    if (!all_states) {
       for (index_t g = 0; g < ng; ++g) {
         index_t const r = r0 + g;
         fused::finish_row(p, out, b, hk * G + r % G, r / G, st.m[g], st.l[g], st.o + g * Dv);
       }
     }
   });
-  if (chunks == 1) return;
+  if (!all_states) return;
   // Merge the chunks of each row with the log-sum-exp rule (docs/formulas.md 5.5).
   parallel_for(items, threads, [&](index_t item) {
     index_t const bh = item / groups, grp = item % groups;
@@ -718,13 +932,15 @@ template <>
 struct kernel<path::fused> {
   static constexpr bool available = true;
   static constexpr bool provides_scores = false;
-  /// q and k arrive rotated: the entry point rotates each row once, which
-  /// costs less than re-rotating key tiles for every query block.
-  static constexpr bool rotates_itself = false;
+  /// With an encoder whose rotation is reserved for the call's length (rope
+  /// after reserve), q blocks and key tiles are rotated here as they are
+  /// loaded (a key tile once per work item, for all its query blocks); else
+  /// the entry point passes rotated copies.
+  static constexpr bool rotates_itself = true;
   template <class T, class E>
   static void run(attention_plan<T> const& p, view<const T> q, view<const T> k, view<const T> v,
-                  view<T> out, E const& enc) {
-    fused_attention<fused_default_traits<T>>(p, q, k, v, out, enc);
+                  view<T> out, E const& enc, rotation_ids const* rot = nullptr) {
+    fused_attention<fused_default_traits<T>>(p, q, k, v, out, enc, rot);
   }
 };
 

@@ -31,10 +31,12 @@
 //                                         specializes it with
 //       static constexpr bool available = true;
 //       static constexpr bool provides_scores;      // can fill opt.scores
-//       static constexpr bool rotates_itself;       // false: q, k arrive already rotated
+//       static constexpr bool rotates_itself;       // can rotate q and k tiles itself
 //       template <class T, class E>
 //       static void run(attention_plan<T> const&, view<const T> q, view<const T> k,
-//                       view<const T> v, view<T> out, E const& enc);
+//                       view<const T> v, view<T> out, E const& enc,
+//                       rotation_ids const* rot = nullptr);  // rot only when rotates_itself
+//     Without `rot`, q and k arrive already rotated (copies made by the entry point).
 //     `run` writes every element of out (zeros for rows with no visible key), plan.lse
 //     (-inf for such rows) and plan.scores when non-null (only when provides_scores).
 //
@@ -65,6 +67,16 @@ struct key_range {
   index_t first = 0, last = 0;
   bool all = false;
   bool empty() const noexcept { return last <= first; }
+};
+
+/// Rotation inside a kernel (RoPE fused): the position id of every query row
+/// and key, as the entry point rotates them, and the call's length. A kernel
+/// with `rotates_itself` gets it when the encoder reports reserved_for(length)
+/// and calls enc.rotate on each query block and key tile it loads.
+struct rotation_ids {
+  index_t const* q = nullptr;  // (batch, q_len), >= 0
+  index_t const* k = nullptr;  // (batch, k_len); null: keys arrive rotated
+  index_t length = 0;          // largest position + 1
 };
 
 /// Everything a kernel needs to know about one call, resolved once.

@@ -34,6 +34,17 @@ class aligned_buffer {
       std::memset(static_cast<void*>(data_), 0, bytes);
     }
   }
+  /// n elements left uninitialised (scratch that is written before it is read).
+  static aligned_buffer uninitialized(index_t n) {
+    aligned_buffer b;
+    detail::require(n >= 0, "posenc::aligned_buffer", "n is ", n, ", expected >= 0");
+    b.size_ = n;
+    if (n > 0) {
+      std::size_t bytes = (static_cast<std::size_t>(n) * sizeof(T) + alignment - 1) / alignment * alignment;
+      b.data_ = static_cast<T*>(::operator new(bytes, std::align_val_t(alignment)));
+    }
+    return b;
+  }
   aligned_buffer(aligned_buffer const& o) : aligned_buffer(o.size_) {
     if (size_ > 0) std::memcpy(static_cast<void*>(data_), o.data_, static_cast<std::size_t>(size_) * sizeof(T));
   }

@@ -199,8 +199,32 @@ inline batch<T, Arch> swap_pairs_impl(batch<T, Arch> const& b, std::index_sequen
 }  // namespace detail
 
 /// [x0, x1, x2, x3, ...] -> [x1, x0, x3, x2, ...] (the pair swap of interleaved RoPE).
+/// On x86 an in-lane shuffle with an immediate (shufps / shufpd) does it:
+/// cheaper than the cross-lane index permute a generic swizzle compiles to.
 template <class T, class Arch>
 inline batch<T, Arch> swap_pairs(batch<T, Arch> const& b) noexcept {
+#if XSIMD_WITH_AVX512F
+  if constexpr (std::is_base_of<xsimd::avx512f, Arch>::value && std::is_same<T, float>::value)
+    return batch<T, Arch>(_mm512_shuffle_ps(b, b, 0xB1));
+  if constexpr (std::is_base_of<xsimd::avx512f, Arch>::value && std::is_same<T, double>::value)
+    return batch<T, Arch>(_mm512_shuffle_pd(b, b, 0x55));
+#endif
+#if XSIMD_WITH_AVX
+  if constexpr (std::is_base_of<xsimd::avx, Arch>::value && !std::is_base_of<xsimd::avx512f, Arch>::value &&
+                std::is_same<T, float>::value)
+    return batch<T, Arch>(_mm256_shuffle_ps(b, b, 0xB1));
+  if constexpr (std::is_base_of<xsimd::avx, Arch>::value && !std::is_base_of<xsimd::avx512f, Arch>::value &&
+                std::is_same<T, double>::value)
+    return batch<T, Arch>(_mm256_shuffle_pd(b, b, 0x5));
+#endif
+#if XSIMD_WITH_SSE2
+  if constexpr (std::is_base_of<xsimd::sse2, Arch>::value && !std::is_base_of<xsimd::avx, Arch>::value &&
+                !std::is_base_of<xsimd::avx512f, Arch>::value && std::is_same<T, float>::value)
+    return batch<T, Arch>(_mm_shuffle_ps(b, b, 0xB1));
+  if constexpr (std::is_base_of<xsimd::sse2, Arch>::value && !std::is_base_of<xsimd::avx, Arch>::value &&
+                !std::is_base_of<xsimd::avx512f, Arch>::value && std::is_same<T, double>::value)
+    return batch<T, Arch>(_mm_shuffle_pd(b, b, 0x1));
+#endif
   return detail::swap_pairs_impl(b, std::make_index_sequence<batch<T, Arch>::size>());
 }
 

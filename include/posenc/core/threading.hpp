@@ -37,13 +37,23 @@ inline int resolve_threads(int requested) noexcept {
   return requested < avail ? requested : avail;
 }
 
+/// Threads a parallel_for asked for `requested` threads runs on from here:
+/// resolve_threads(requested), or 1 inside another parallel region.
+inline int loop_threads(int requested) noexcept {
+#ifdef _OPENMP
+  if (omp_in_parallel()) return 1;
+#endif
+  return resolve_threads(requested);
+}
+
 /// Calls f(i) for i in [0, n) on up to `threads` threads (0 = default),
-/// dynamic scheduling. f must not throw (kernels are noexcept; arguments are
+/// dynamic scheduling; serially when called inside another parallel region
+/// (see loop_threads). f must not throw (kernels are noexcept; arguments are
 /// validated before the loop).
 template <class F>
 void parallel_for(index_t n, int threads, F&& f) {
   if (n <= 0) return;
-  int const t = resolve_threads(threads);
+  int const t = loop_threads(threads);
 #ifdef _OPENMP
   if (t > 1 && n > 1) {
 #pragma omp parallel for num_threads(t) schedule(dynamic, 1)

@@ -46,6 +46,17 @@ class compose {
     });
   }
 
+  /// True when every rotating part reports reserved_for(length) (see
+  /// rope::reserved_for); false when one of them has no such member.
+  bool reserved_for(index_t length) const {
+    bool all = true;
+    for_each([&](auto const& p) {
+      using P = std::decay_t<decltype(p)>;
+      if constexpr (rotates_queries_keys_v<P>) all = all && detail::rotation_reserved(p, length);
+    });
+    return all;
+  }
+
   template <class T>
   void bias_row(index_t head, index_t q_pos, index_t k_pos_first, index_t count, T* out) const noexcept {
     for_each([&](auto const& p) {

@@ -198,6 +198,75 @@ void rope_rotate_interleaved(T* out, T const* in, T const* c, T const* s, index_
   if (k < r) rope_rotate_interleaved_tail<Inverse>(out, in, c, s, r, k, g);
 }
 
+/// Every head row of one token with that token's cos/sin row, when the rotated
+/// part is NV whole vectors (per half for half-split, per row for interleaved):
+/// the cos/sin vectors are loaded once and stay in registers for all heads, so
+/// a head row costs its own loads, FMAs and stores only. Rows are
+/// `in_stride` / `out_stride` apart; `pf` (elements) is how far ahead of a row
+/// the next loads are prefetched. Same arithmetic as the one-row kernels.
+template <rope_layout L, bool Inverse, class Arch, int NV, class T>
+void rope_rotate_heads_fixed(T* out, index_t out_stride, T const* in, index_t in_stride, index_t heads, T const* c,
+                             T const* s, T g, index_t pf) noexcept {
+  using B = simd::batch<T, Arch>;
+  constexpr index_t W = simd::width<T, Arch>;
+  constexpr index_t h = NV * W;  // half-split: pairs; interleaved: rotated components
+  constexpr index_t row_bytes = (L == rope_layout::half_split ? 2 * h : h) * static_cast<index_t>(sizeof(T));
+  B cc[NV], ss[NV];
+  for (int j = 0; j < NV; ++j) {
+    cc[j] = simd::load<T, Arch>(c + j * W);
+    ss[j] = simd::load<T, Arch>(s + j * W);
+  }
+  B const gg(g);
+  for (index_t hd = 0; hd < heads; ++hd, in += in_stride, out += out_stride) {
+    if (pf != 0) prefetch_span(in + pf, row_bytes);
+    if constexpr (L == rope_layout::half_split) {
+      for (int j = 0; j < NV; ++j) {
+        B const a = simd::load<T, Arch>(in + j * W), b = simd::load<T, Arch>(in + h + j * W);
+        if constexpr (!Inverse) {
+          simd::store(out + j * W, simd::fma(a, cc[j], -(b * ss[j])));
+          simd::store(out + h + j * W, simd::fma(b, cc[j], a * ss[j]));
+        } else {
+          simd::store(out + j * W, simd::fma(a, cc[j], b * ss[j]) * gg);
+          simd::store(out + h + j * W, simd::fma(b, cc[j], -(a * ss[j])) * gg);
+        }
+      }
+    } else {
+      for (int j = 0; j < NV; ++j) {
+        B const x = simd::load<T, Arch>(in + j * W);
+        B const sw = simd::swap_pairs(x);
+        if constexpr (!Inverse)
+          simd::store(out + j * W, simd::fma(x, cc[j], sw * ss[j]));
+        else
+          simd::store(out + j * W, simd::fma(x, cc[j], -(sw * ss[j])) * gg);
+      }
+    }
+  }
+}
+
+/// Every head row of one token with the one-row kernels (any rotary_dim, with tails).
+template <rope_layout L, bool Inverse, class Arch, class T>
+void rope_rotate_heads_any(T* out, index_t out_stride, T const* in, index_t in_stride, index_t heads, T const* c,
+                           T const* s, index_t r, T g, index_t pf) noexcept {
+  for (index_t hd = 0; hd < heads; ++hd, in += in_stride, out += out_stride) {
+    if (pf != 0) prefetch_span(in + pf, r * static_cast<index_t>(sizeof(T)));
+    if constexpr (L == rope_layout::half_split)
+      rope_rotate_half<Inverse, Arch>(out, in, c, s, r / 2, g);
+    else
+      rope_rotate_interleaved<Inverse, Arch>(out, in, c, s, r, g);
+  }
+}
+
+/// Vectors per kernel row the register-resident kernel handles for rotary_dim
+/// r (1, 2, 4 or 8), or 0: use rope_rotate_heads_any.
+template <rope_layout L, class Arch, class T>
+constexpr int rope_fixed_vectors(index_t r) noexcept {
+  constexpr index_t W = simd::width<T, Arch>;
+  index_t const n = L == rope_layout::half_split ? r / 2 : r;
+  if (n % W != 0) return 0;
+  index_t const v = n / W;
+  return v == 1 || v == 2 || v == 4 || v == 8 ? static_cast<int>(v) : 0;
+}
+
 }  // namespace detail
 
 /// Rotary position embedding (Su et al. 2021) for element type T (float or double).
@@ -321,6 +390,15 @@ class rope {
   }
   /// Positions covered by the reserved table.
   index_t reserved() const noexcept { return table_rows_; }
+  /// True when a call at current length `length` finds every position
+  /// < length in the reserved table (no trigonometry in rotate). Fused
+  /// attention then rotates queries and key tiles inside its tiles instead of
+  /// rotating copies of q and k first.
+  bool reserved_for(index_t length) const {
+    if (table_rows_ <= 0 || length > table_rows_) return false;
+    rope_frequencies storage;
+    return frequencies_into(length, storage) == table_freqs_;
+  }
 
   // --- rotation with computed angles ------------------------------------
 
@@ -556,41 +634,68 @@ class rope {
     }
   }
 
-  /// Tasks of `block` consecutive tokens of one batch entry; each token gets
-  /// its cos/sin row once and rotates every head of every io with it.
+  /// Picks the kernel for rotary_dim once per call (see run_layout_nv).
   template <rope_layout L, bool Inverse, class RowFn>
   void run_layout(io const* ios, int n_io, index_t batch, index_t seq, T g, RowFn const& row_of) const {
+    using A = simd::default_arch;
+    switch (detail::rope_fixed_vectors<L, A, T>(rotary_dim_)) {
+      case 1: return run_layout_nv<L, Inverse, 1>(ios, n_io, batch, seq, g, row_of);
+      case 2: return run_layout_nv<L, Inverse, 2>(ios, n_io, batch, seq, g, row_of);
+      case 4: return run_layout_nv<L, Inverse, 4>(ios, n_io, batch, seq, g, row_of);
+      case 8: return run_layout_nv<L, Inverse, 8>(ios, n_io, batch, seq, g, row_of);
+      default: return run_layout_nv<L, Inverse, 0>(ios, n_io, batch, seq, g, row_of);
+    }
+  }
+
+  /// Tasks of `block` consecutive tokens of one batch entry; each token gets
+  /// its cos/sin row once and rotates every head of every io with it. NV: the
+  /// register-resident kernel with NV vectors per row, 0: the any-size kernel.
+  template <rope_layout L, bool Inverse, int NV, class RowFn>
+  void run_layout_nv(io const* ios, int n_io, index_t batch, index_t seq, T g, RowFn const& row_of) const {
+    using A = simd::default_arch;
     constexpr index_t block = 16;
     index_t const nblk = (seq + block - 1) / block;
-    int const t = resolve_threads(threads_);
+    int const t = loop_threads(threads_);
     index_t const scr_len = (2 * rotary_dim_ + 15) / 16 * 16;  // whole cache lines per thread
-    aligned_buffer<T> scratch(static_cast<index_t>(t) * scr_len);
-    index_t const r = rotary_dim_, h = rotary_dim_ / 2, d = head_dim_;
-    constexpr index_t prefetch_rows = 4;
+    // Small calls (a key tile inside fused attention) keep the scratch on the stack.
+    alignas(64) T local[256];
+    aligned_buffer<T> heap;
+    T* scratch = local;
+    if (t * scr_len > 256) {
+      heap = aligned_buffer<T>::uninitialized(static_cast<index_t>(t) * scr_len);
+      scratch = heap.data();
+    }
+    index_t const r = rotary_dim_, d = head_dim_;
     parallel_for(batch * nblk, t, [&](index_t task) noexcept {
       index_t const b = task / nblk;
       index_t const s0 = (task % nblk) * block, s1 = std::min(seq, s0 + block);
-      T* const scr = scratch.data() + (t > 1 ? thread_index() : 0) * scr_len;
+      T* const scr = scratch + (t > 1 ? thread_index() : 0) * scr_len;
       for (index_t s = s0; s < s1; ++s) {
         auto const cs = row_of(b, s, scr);
         for (int i = 0; i < n_io; ++i) {
           io const& v = ios[i];
-          for (index_t hd = 0; hd < v.in.heads; ++hd) {
-            T const* src = v.in.ptr(b, s, hd);
-            T* dst = v.out.ptr(b, s, hd);
-            // A head row is only r * sizeof(T) bytes; the next rows are head_stride apart
-            // (or the next token's): prefetch a few rows ahead so their loads overlap.
-            detail::prefetch_span(src + prefetch_rows * v.in.head_stride, r * static_cast<index_t>(sizeof(T)));
-            if constexpr (L == rope_layout::half_split)
-              detail::rope_rotate_half<Inverse, simd::default_arch>(dst, src, cs.first, cs.second, h, g);
-            else
-              detail::rope_rotate_interleaved<Inverse, simd::default_arch>(dst, src, cs.first, cs.second, r, g);
-            if (dst != src && d > r) std::memcpy(dst + r, src + r, static_cast<std::size_t>(d - r) * sizeof(T));
-          }
+          // A head row is only r * sizeof(T) bytes; prefetch the rows a few
+          // KiB ahead (the next heads, or the next token's) so their loads overlap.
+          index_t const pf = prefetch_rows * v.in.head_stride;
+          T const* src = v.in.ptr(b, s, 0);
+          T* dst = v.out.ptr(b, s, 0);
+          if constexpr (NV > 0)
+            detail::rope_rotate_heads_fixed<L, Inverse, A, NV>(dst, v.out.head_stride, src, v.in.head_stride,
+                                                               v.in.heads, cs.first, cs.second, g, pf);
+          else
+            detail::rope_rotate_heads_any<L, Inverse, A>(dst, v.out.head_stride, src, v.in.head_stride, v.in.heads,
+                                                         cs.first, cs.second, r, g, pf);
+          if (dst != src && d > r)
+            for (index_t hd = 0; hd < v.in.heads; ++hd)
+              std::memcpy(dst + hd * v.out.head_stride + r, src + hd * v.in.head_stride + r,
+                          static_cast<std::size_t>(d - r) * sizeof(T));
         }
       }
     });
   }
+
+  /// How many head rows ahead the kernels prefetch (measured best on the bench shapes).
+  static constexpr index_t prefetch_rows = 4;
 
   rope_layout layout_;
   index_t head_dim_;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <type_traits>
+#include <utility>
 
 #include "posenc/core/error.hpp"
 #include "posenc/core/positions.hpp"
@@ -33,6 +34,11 @@ namespace posenc {
 ///
 /// Every encoder also has `index_t max_positions() const noexcept`: 0 when any
 /// position works, else the largest usable position + 1.
+///
+/// A rotating encoder may also have `bool reserved_for(index_t length) const`:
+/// true when rotate() at that length is cheap (cos/sin precomputed, as after
+/// rope::reserve). Fused attention then rotates each query block and key tile
+/// inside the kernel; otherwise it rotates copies of q and k once per call.
 template <class E>
 struct encoder_traits;
 
@@ -64,6 +70,23 @@ struct checked_encoder_traits
                 "adds_to_embeddings, rotates_queries_keys, biases_scores, relative_key_value and "
                 "is_relative (see posenc/encoding/traits.hpp)");
 };
+
+namespace detail {
+template <class E, class = void>
+struct has_reserved_for : std::false_type {};
+template <class E>
+struct has_reserved_for<E, std::void_t<decltype(bool(std::declval<E const&>().reserved_for(index_t{1})))>>
+    : std::true_type {};
+
+/// enc.reserved_for(length) when E has it, else false.
+template <class E>
+bool rotation_reserved(E const& enc, index_t length) {
+  if constexpr (has_reserved_for<E>::value)
+    return enc.reserved_for(length);
+  else
+    return (void)enc, (void)length, false;
+}
+}  // namespace detail
 
 template <class E>
 inline constexpr bool adds_to_embeddings_v = checked_encoder_traits<E>::adds_to_embeddings;
