@@ -336,6 +336,12 @@ TEST_CASE("fused == reference in double", "[fused]") {
     check_agrees(bf, posenc_test::fake_bias{}, opt, describe(s) + " double");
     opt.causal = false;
     check_agrees(bf, posenc::none{}, opt, describe(s) + " double plain");
+    // RoPE rotated inside the tiles (lane kernel, row kernel, decode path).
+    posenc::rope<double> rope(posenc::rope_layout::half_split, s.D);
+    rope.reserve(s.Sk);
+    opt.causal = true;
+    opt.threads = 2;
+    check_agrees(bf, rope, opt, describe(s) + " double rope");
   }
 }
 
@@ -418,24 +424,7 @@ TEST_CASE("fused with a reserved RoPE rotates inside the tiles == reference", "[
   }
 }
 
-TEST_CASE("fused with a reserved RoPE in double and on the decode path", "[fused][rope]") {
-  for (index_t sq : {index_t{1}, index_t{65}}) {
-    shape s;
-    s.Sq = sq;
-    s.Sk = 300;
-    s.Hq = 4;
-    s.Hkv = 2;
-    s.D = 24;
-    s.Dv = 17;
-    buffers<double> bf(s, 9 + static_cast<std::uint64_t>(sq));
-    posenc::rope<double> rope(posenc::rope_layout::half_split, s.D);
-    rope.reserve(300);
-    posenc::attention_options<double> opt;
-    opt.causal = true;
-    opt.threads = 2;
-    check_agrees(bf, rope, opt, describe(s) + " double rope");
-  }
-  // A table too short for the call: rotated copies instead, same result.
+TEST_CASE("fused with a RoPE table too short for the call rotates copies", "[fused][rope]") {
   shape s;
   s.Sq = 1;
   s.Sk = 200;

@@ -478,10 +478,7 @@ inline void prefetch_rows(T const* p, index_t stride, index_t n, index_t len) no
 #endif
 }
 
-/// s[g][j] = q_g . k_j for NG rows and nk keys. Keys go in groups of W:
-/// each key's partial sums (one vector per row) are collected in a W x W
-/// block, transposed and added, so W dot products cost one transpose instead
-/// of W horizontal reductions.
+/// s[g][j] = q_g . k_j for NG rows and nk keys.
 template <class Tr, int NG>
 inline void row_scores(typename Tr::value_type const* const* qr, typename Tr::value_type const* k, index_t ldk,
                        index_t nk, index_t D, typename Tr::value_type* const* s) noexcept {
@@ -490,50 +487,27 @@ inline void row_scores(typename Tr::value_type const* const* qr, typename Tr::va
   using A = typename Tr::arch;
   constexpr index_t W = Tr::width;
   index_t const Dw = D / W * W;
-  auto partial = [&](T const* kj, B* acc) {
-    B acc1[NG];
-    for (int g = 0; g < NG; ++g) acc[g] = acc1[g] = B(T(0));
+  for (index_t j = 0; j < nk; ++j) {
+    T const* kj = k + j * ldk;
+    B acc0[NG], acc1[NG];
+    for (int g = 0; g < NG; ++g) acc0[g] = acc1[g] = B(T(0));
     index_t d = 0;
     for (; d + 2 * W <= Dw; d += 2 * W) {
       B const k0 = simd::load<T, A>(kj + d), k1 = simd::load<T, A>(kj + d + W);
       for (int g = 0; g < NG; ++g) {
-        acc[g] = simd::fma(simd::load<T, A>(qr[g] + d), k0, acc[g]);
+        acc0[g] = simd::fma(simd::load<T, A>(qr[g] + d), k0, acc0[g]);
         acc1[g] = simd::fma(simd::load<T, A>(qr[g] + d + W), k1, acc1[g]);
       }
     }
     for (; d < Dw; d += W) {
       B const k0 = simd::load<T, A>(kj + d);
-      for (int g = 0; g < NG; ++g) acc[g] = simd::fma(simd::load<T, A>(qr[g] + d), k0, acc[g]);
-    }
-    for (int g = 0; g < NG; ++g) acc[g] = acc[g] + acc1[g];
-  };
-  auto tail = [&](T const* kj, int g) {
-    T x = 0;
-    for (index_t e = Dw; e < D; ++e) x += qr[g][e] * kj[e];
-    return x;
-  };
-  index_t j = 0;
-  for (; j + W <= nk; j += W) {
-    B blk[NG][W];
-    for (index_t t = 0; t < W; ++t) {
-      B acc[NG];
-      partial(k + (j + t) * ldk, acc);
-      for (int g = 0; g < NG; ++g) blk[g][t] = acc[g];
+      for (int g = 0; g < NG; ++g) acc0[g] = simd::fma(simd::load<T, A>(qr[g] + d), k0, acc0[g]);
     }
     for (int g = 0; g < NG; ++g) {
-      simd::transpose(blk[g]);
-      B sum = blk[g][0];
-      for (index_t t = 1; t < W; ++t) sum = sum + blk[g][t];
-      simd::store(s[g] + j, sum);
-      if (Dw < D)
-        for (index_t t = 0; t < W; ++t) s[g][j + t] += tail(k + (j + t) * ldk, g);
+      T x = simd::reduce_add(acc0[g] + acc1[g]);
+      for (index_t e = Dw; e < D; ++e) x += qr[g][e] * kj[e];
+      s[g][j] = x;
     }
-  }
-  for (; j < nk; ++j) {
-    T const* kj = k + j * ldk;
-    B acc[NG];
-    partial(kj, acc);
-    for (int g = 0; g < NG; ++g) s[g][j] = simd::reduce_add(acc[g]) + tail(kj, g);
   }
 }
 
