@@ -346,16 +346,24 @@ TEST_CASE("fused == reference in double", "[fused]") {
 }
 
 TEST_CASE("fused decode: few queries against a long cache, split across threads", "[fused]") {
-  for (index_t hkv : {index_t{1}, index_t{2}}) {
+  // (Sq, Hq, Hkv, D, Dv): one row per kv head, a group of rows, and several
+  // row groups per kv head (rows below a lane block) with head dims that are
+  // not a multiple of the vector width.
+  struct decode_shape {
+    index_t sq, hq, hkv, d, dv;
+  };
+  std::uint64_t seed = 40;
+  for (decode_shape const c : {decode_shape{1, 4, 1, 64, 64}, decode_shape{1, 4, 2, 64, 64},
+                               decode_shape{3, 8, 2, 72, 40}, decode_shape{W - 1, 2, 2, W + 3, 2 * W - 1}}) {
     shape s;
-    s.B = 1;
-    s.Sq = 1;
+    s.B = 2;
+    s.Sq = c.sq;
     s.Sk = 1000;
-    s.Hq = 4;
-    s.Hkv = hkv;
-    s.D = 64;
-    s.Dv = 64;
-    buffers<float> bf(s, 40 + static_cast<std::uint64_t>(hkv));
+    s.Hq = c.hq;
+    s.Hkv = c.hkv;
+    s.D = c.d;
+    s.Dv = c.dv;
+    buffers<float> bf(s, seed++);
     posenc::attention_options<float> opt;
     opt.threads = 2;
     check_agrees(bf, posenc::none{}, opt, describe(s) + " decode 2 threads");

@@ -460,9 +460,12 @@ struct row_sizes {
     (void)Dv;
     return row_scratch_elements<Tr>(D) + Tr::row_group * D + 16;
   }
-  /// Per thread on the decode path: the scratch and the query rows of every kv head.
-  static index_t decode_elements(index_t D, index_t kv_heads) noexcept {
-    return row_scratch_elements<Tr>(D) + kv_heads * Tr::row_group * D + 16;
+  /// Row groups per kv head on the decode path at most (fewer rows than a lane block).
+  static constexpr index_t max_decode_groups = (Tr::lane_kernel_min_rows + Tr::row_group - 1) / Tr::row_group;
+  /// Per thread on the decode path: the scratch and the query rows of every
+  /// kv head (`groups` row groups each).
+  static index_t decode_elements(index_t D, index_t kv_heads, index_t groups = max_decode_groups) noexcept {
+    return row_scratch_elements<Tr>(D) + kv_heads * groups * Tr::row_group * D + 16;
   }
 };
 
@@ -478,7 +481,20 @@ inline void prefetch_rows(T const* p, index_t stride, index_t n, index_t len) no
 #endif
 }
 
-/// s[g][j] = q_g . k_j for NG rows and nk keys.
+/// Largest of 8, 4, 2, 1 such that `per` accumulators per unit plus `extra`
+/// operand registers fit the register file (and at most `cap`).
+template <class Tr>
+constexpr int register_block(int per, int extra, index_t cap) noexcept {
+  for (int u : {8, 4, 2}) {
+    if (u <= cap && per * u + extra <= Tr::registers) return u;
+  }
+  return 1;
+}
+
+/// s[g][j] = q_g . k_j for NG rows and nk keys. KJ keys at a time keep
+/// NG * KJ accumulators in registers (each K row loaded once for all rows);
+/// the partial sums of width keys are then reduced together by one
+/// width x width transpose instead of a horizontal sum per key.
 template <class Tr, int NG>
 inline void row_scores(typename Tr::value_type const* const* qr, typename Tr::value_type const* k, index_t ldk,
                        index_t nk, index_t D, typename Tr::value_type* const* s) noexcept {
@@ -486,66 +502,91 @@ inline void row_scores(typename Tr::value_type const* const* qr, typename Tr::va
   using B = typename Tr::batch;
   using A = typename Tr::arch;
   constexpr index_t W = Tr::width;
+  constexpr int KJ = register_block<Tr>(NG, NG + 3, W);
   index_t const Dw = D / W * W;
-  for (index_t j = 0; j < nk; ++j) {
-    T const* kj = k + j * ldk;
-    B acc0[NG], acc1[NG];
-    for (int g = 0; g < NG; ++g) acc0[g] = acc1[g] = B(T(0));
-    index_t d = 0;
-    for (; d + 2 * W <= Dw; d += 2 * W) {
-      B const k0 = simd::load<T, A>(kj + d), k1 = simd::load<T, A>(kj + d + W);
-      for (int g = 0; g < NG; ++g) {
-        acc0[g] = simd::fma(simd::load<T, A>(qr[g] + d), k0, acc0[g]);
-        acc1[g] = simd::fma(simd::load<T, A>(qr[g] + d + W), k1, acc1[g]);
+  alignas(64) T part[NG][W][W];  // part[g][key][lane]: partial sums of W keys
+  for (index_t j0 = 0; j0 < nk; j0 += W) {
+    index_t const n = std::min(W, nk - j0);
+    for (index_t jj = 0; jj < n; jj += KJ) {
+      B acc[NG][KJ];
+      T const* kr[KJ];
+      for (int t = 0; t < KJ; ++t) {
+        kr[t] = k + std::min(j0 + jj + t, nk - 1) * ldk;  // past the tile: a repeat, discarded
+        for (int g = 0; g < NG; ++g) acc[g][t] = B(T(0));
       }
-    }
-    for (; d < Dw; d += W) {
-      B const k0 = simd::load<T, A>(kj + d);
-      for (int g = 0; g < NG; ++g) acc0[g] = simd::fma(simd::load<T, A>(qr[g] + d), k0, acc0[g]);
+      for (index_t d = 0; d < Dw; d += W) {
+        B qv[NG];
+        for (int g = 0; g < NG; ++g) qv[g] = simd::load<T, A>(qr[g] + d);
+        for (int t = 0; t < KJ; ++t) {
+          B const kv = simd::load<T, A>(kr[t] + d);
+          for (int g = 0; g < NG; ++g) acc[g][t] = simd::fma(qv[g], kv, acc[g][t]);
+        }
+      }
+      for (int g = 0; g < NG; ++g)
+        for (int t = 0; t < KJ; ++t) simd::store(part[g][jj + t], acc[g][t]);
     }
     for (int g = 0; g < NG; ++g) {
-      T x = simd::reduce_add(acc0[g] + acc1[g]);
-      for (index_t e = Dw; e < D; ++e) x += qr[g][e] * kj[e];
-      s[g][j] = x;
+      B blk[W];
+      for (index_t t = 0; t < W; ++t) blk[t] = t < n ? simd::load<T, A>(part[g][t]) : B(T(0));
+      simd::transpose(blk);
+      B sum = blk[0];
+      for (index_t t = 1; t < W; ++t) sum = sum + blk[t];
+      if (Dw < D) {  // head dim not a multiple of the width: the last dims one by one
+        alignas(64) T tail[W];
+        for (index_t t = 0; t < W; ++t) {
+          T x = 0;
+          if (t < n)
+            for (index_t e = Dw; e < D; ++e) x += qr[g][e] * k[(j0 + t) * ldk + e];
+          tail[t] = x;
+        }
+        sum = sum + simd::load<T, A>(tail);
+      }
+      if (n == W)
+        simd::store(s[g] + j0, sum);
+      else
+        simd::store_partial(s[g] + j0, sum, n);
     }
   }
 }
 
-/// o = alpha * o + sum_j p[j] v_j over Dv dims.
-template <class Tr>
-inline void row_values(typename Tr::value_type const* pr, typename Tr::value_type alpha,
+/// o_g = alpha_g * o_g + sum_j p_g[j] v_j over Dv dims for NG rows (o_g at
+/// o + g * Dv). Each V row chunk is loaded once for all rows; the CW * NG
+/// accumulators of a chunk stay in registers across the keys.
+template <class Tr, int NG>
+inline void row_values(typename Tr::value_type const* const* pr, typename Tr::value_type const* alpha,
                        typename Tr::value_type const* v, index_t ldv, index_t nk, index_t Dv,
                        typename Tr::value_type* o) noexcept {
   using T = typename Tr::value_type;
   using B = typename Tr::batch;
   using A = typename Tr::arch;
-  constexpr index_t W = Tr::width, C = 4 * W;
-  index_t d = 0;
-  for (; d + C <= Dv; d += C) {
-    B a0 = simd::load<T, A>(o + d) * B(alpha), a1 = simd::load<T, A>(o + d + W) * B(alpha);
-    B a2 = simd::load<T, A>(o + d + 2 * W) * B(alpha), a3 = simd::load<T, A>(o + d + 3 * W) * B(alpha);
+  constexpr index_t W = Tr::width;
+  constexpr int CW = register_block<Tr>(NG, NG + 2, 8);
+  auto chunk = [&](index_t d, auto cw) {
+    constexpr int C = decltype(cw)::value;
+    B acc[NG][C];
+    for (int g = 0; g < NG; ++g)
+      for (int c = 0; c < C; ++c) acc[g][c] = simd::load<T, A>(o + g * Dv + d + c * W) * B(alpha[g]);
     for (index_t j = 0; j < nk; ++j) {
       T const* vj = v + j * ldv + d;
-      B const pj(pr[j]);
-      a0 = simd::fma(pj, simd::load<T, A>(vj), a0);
-      a1 = simd::fma(pj, simd::load<T, A>(vj + W), a1);
-      a2 = simd::fma(pj, simd::load<T, A>(vj + 2 * W), a2);
-      a3 = simd::fma(pj, simd::load<T, A>(vj + 3 * W), a3);
+      B pj[NG];
+      for (int g = 0; g < NG; ++g) pj[g] = B(pr[g][j]);
+      for (int c = 0; c < C; ++c) {
+        B const vv = simd::load<T, A>(vj + c * W);
+        for (int g = 0; g < NG; ++g) acc[g][c] = simd::fma(pj[g], vv, acc[g][c]);
+      }
     }
-    simd::store(o + d, a0);
-    simd::store(o + d + W, a1);
-    simd::store(o + d + 2 * W, a2);
-    simd::store(o + d + 3 * W, a3);
-  }
-  for (; d + W <= Dv; d += W) {
-    B a0 = simd::load<T, A>(o + d) * B(alpha);
-    for (index_t j = 0; j < nk; ++j) a0 = simd::fma(B(pr[j]), simd::load<T, A>(v + j * ldv + d), a0);
-    simd::store(o + d, a0);
-  }
+    for (int g = 0; g < NG; ++g)
+      for (int c = 0; c < C; ++c) simd::store(o + g * Dv + d + c * W, acc[g][c]);
+  };
+  index_t d = 0;
+  for (; d + CW * W <= Dv; d += CW * W) chunk(d, std::integral_constant<int, CW>{});
+  for (; d + W <= Dv; d += W) chunk(d, std::integral_constant<int, 1>{});
   for (; d < Dv; ++d) {
-    T a = o[d] * alpha;
-    for (index_t j = 0; j < nk; ++j) a += pr[j] * v[j * ldv + d];
-    o[d] = a;
+    for (int g = 0; g < NG; ++g) {
+      T a = o[g * Dv + d] * alpha[g];
+      for (index_t j = 0; j < nk; ++j) a += pr[g][j] * v[j * ldv + d];
+      o[g * Dv + d] = a;
+    }
   }
 }
 
@@ -652,8 +693,11 @@ T row_softmax(attention_plan<T> const& p, E const& enc, index_t b, row_rows<Tr, 
     }
     apply_masks(p, b, rh, ri, t0, nk, s);
   }
-  T mx = st.m[g];
-  for (index_t j = 0; j < nk; ++j) mx = std::max(mx, s[j]);
+  B mxv(st.m[g]);
+  index_t jm = 0;
+  for (; jm + W <= nk; jm += W) mxv = simd::max(mxv, simd::load<T, A>(s + jm));
+  T mx = simd::reduce_max(mxv);
+  for (; jm < nk; ++jm) mx = std::max(mx, s[jm]);
   T const m_use = mx == ninf ? T(0) : mx;
   T const al = std::exp(st.m[g] - m_use);
   B sumv(T(0));
@@ -689,15 +733,18 @@ void row_tile(attention_plan<T> const& p, view<const T> k, view<const T> v, E co
     ldk = D;
   }
   T const* vt = v.ptr(b, t0, hk);
-  auto scores = [&](index_t, auto n) { row_scores<Tr, decltype(n)::value>(rr.q, kt, ldk, nk, D, sc.s); };
-  fused::tail_block<Tr::row_group>(rr.n, 0, scores);
-  for (index_t g = 0; g < rr.n; ++g) {
-    T* s = sc.s[g];
-    T const al = row_softmax<Tr>(p, enc, b, rr, g, t0, nk, s, sc.tmp, st);
-    T* o = st.o + g * Dv;
-    row_values<Tr>(s, al, vt, v.seq_stride, nk, Dv, o);
-    if (has_shaw) encoder_values(p, enc, s, b, rr.i[g], t0, nk, o);
-  }
+  // Scores of every row, each row's softmax update, then the values of every
+  // row (each K and V row loaded once for all rows).
+  auto rows = [&](index_t, auto n) {
+    constexpr int NG = decltype(n)::value;
+    row_scores<Tr, NG>(rr.q, kt, ldk, nk, D, sc.s);
+    T al[NG];
+    for (int g = 0; g < NG; ++g) al[g] = row_softmax<Tr>(p, enc, b, rr, g, t0, nk, sc.s[g], sc.tmp, st);
+    row_values<Tr, NG>(sc.s, al, vt, v.seq_stride, nk, Dv, st.o);
+  };
+  fused::tail_block<Tr::row_group>(rr.n, 0, rows);
+  if (has_shaw)
+    for (index_t g = 0; g < rr.n; ++g) encoder_values(p, enc, sc.s[g], b, rr.i[g], t0, nk, st.o + g * Dv);
 }
 
 /// Row kernel over rows [r0, r0 + ng) of (b, hk) and keys [j0, j1): leaves
@@ -722,43 +769,36 @@ void row_item(attention_plan<T> const& p, view<const T> q, view<const T> k, view
   }
 }
 
-/// Decode: rows [0, R) of every kv head of batch entry b (R <= row_group)
-/// against keys [j0, j1), walking the keys tile by tile with all heads of a
-/// tile together, so the cache is read as one front moving through memory
-/// (one work item per batch entry and key chunk, not per head).
-/// `states(hk)` gives the state of head hk's rows; rr holds Hkv entries.
+/// Decode: rows [0, R) of every kv head of batch entry b (R below a lane
+/// block, in groups of row_group) against keys [j0, j1), walking the keys tile
+/// by tile with all heads of a tile together, so that the cache is read as
+/// one front moving through memory (one work item per batch entry and key
+/// chunk, not per head); every group of a head reuses the head's tile from
+/// cache. The hardware prefetchers follow this front: software prefetch of
+/// the next tile made it slower. `states(hk, grp)` gives the state of a row
+/// group; rr holds Hkv * groups entries.
 template <class Tr, class T, class E, class StateOf>
 void decode_item(attention_plan<T> const& p, view<const T> q, view<const T> k, view<const T> v, E const& enc,
                  index_t b, index_t j0, index_t j1, rotation_ids const* rot, T* qbuf, row_scratch<Tr, T> const& sc,
                  row_rows<Tr, T>* rr, StateOf const& states) noexcept {
-  constexpr index_t RG = Tr::row_group;
-  index_t const Hkv = p.kv_heads, R = p.q_len * p.group;
+  constexpr index_t RG = Tr::row_group, BK = Tr::block_kv;
+  index_t const Hkv = p.kv_heads, R = p.q_len * p.group, groups = (R + RG - 1) / RG;
   index_t first = j1, last = j0;
-  for (index_t hk = 0; hk < Hkv; ++hk) {
-    row_begin<Tr>(p, q, enc, b, hk, 0, R, j0, j1, rot, qbuf + hk * RG * p.head_dim, rr[hk], states(hk));
-    if (rr[hk].first < rr[hk].last) {
-      first = std::min(first, rr[hk].first);
-      last = std::max(last, rr[hk].last);
+  for (index_t u = 0; u < Hkv * groups; ++u) {
+    index_t const hk = u / groups, r0 = u % groups * RG;
+    row_begin<Tr>(p, q, enc, b, hk, r0, std::min(RG, R - r0), j0, j1, rot, qbuf + u * RG * p.head_dim, rr[u],
+                  states(hk, u % groups));
+    if (rr[u].first < rr[u].last) {
+      first = std::min(first, rr[u].first);
+      last = std::max(last, rr[u].last);
     }
   }
-  // Key tile by key tile, every head of a tile before the next tile (the
-  // tile's rows of all heads are one contiguous region in BSHD), the next
-  // tile of every head prefetched.
-  constexpr index_t BK = Tr::block_kv;
   for (index_t t0 = first; t0 < last; t0 += BK) {
     index_t const nk = std::min(BK, last - t0);
-    index_t const ahead = t0 + BK;
-    if (ahead < last) {
-      index_t const nn = std::min(BK, last - ahead);
-      for (index_t hk = 0; hk < Hkv; ++hk) {
-        prefetch_rows(k.ptr(b, ahead, hk), k.seq_stride, nn, p.head_dim);
-        prefetch_rows(v.ptr(b, ahead, hk), v.seq_stride, nn, p.value_dim);
-      }
-    }
-    for (index_t hk = 0; hk < Hkv; ++hk) {
-      // This head's own visible union, clipped to the tile.
-      index_t const a = std::max(t0, rr[hk].first), e = std::min(t0 + nk, rr[hk].last);
-      if (a < e) row_tile<Tr>(p, k, v, enc, b, hk, rr[hk], a, e - a, rot, sc, states(hk));
+    for (index_t u = 0; u < Hkv * groups; ++u) {
+      // This group's own visible union, clipped to the tile.
+      index_t const a = std::max(t0, rr[u].first), e = std::min(t0 + nk, rr[u].last);
+      if (a < e) row_tile<Tr>(p, k, v, enc, b, u / groups, rr[u], a, e - a, rot, sc, states(u / groups, u % groups));
     }
   }
 }
@@ -818,9 +858,9 @@ void fused_attention(attention_plan<T> const& p, view<const T> q, view<const T> 
   }
 
   // Row kernel. Items (b, hk, group of up to RG rows, key chunk); on the
-  // decode path (R <= RG rows per kv head, no Shaw terms) items (b, key chunk)
-  // covering every kv head, so that K and V stream in memory order.
-  bool const decode = !shaw && R <= RG;
+  // decode path (no Shaw terms) items (b, key chunk) covering every kv head,
+  // so that K and V stream in memory order, once.
+  bool const decode = !shaw;
   index_t const groups = (R + RG - 1) / RG;
   index_t const items = B * Hkv * groups;  // (b, hk, group): the states' layout
   index_t const work = decode ? B : items;  // units split into key chunks
@@ -831,7 +871,7 @@ void fused_attention(attention_plan<T> const& p, view<const T> q, view<const T> 
   }
   index_t const chunk_len = ((Sk + chunks - 1) / chunks + BK - 1) / BK * BK;
   chunks = std::max<index_t>(1, (Sk + chunk_len - 1) / chunk_len);
-  index_t const per_thread = decode ? fused::row_sizes<Tr>::decode_elements(D, Hkv)
+  index_t const per_thread = decode ? fused::row_sizes<Tr>::decode_elements(D, Hkv, groups)
                                     : fused::row_sizes<Tr>::elements(D, Dv);
   auto scratch = aligned_buffer<T>::uninitialized(per_thread * threads);
   // Partial states (m, l, o) of every (item, chunk) when split or decoding;
@@ -842,7 +882,7 @@ void fused_attention(attention_plan<T> const& p, view<const T> q, view<const T> 
   T* const ms = states.data();
   T* const ls = ms + state_rows;
   T* const os = ls + state_rows;
-  std::vector<fused::row_rows<Tr, T>> rrs(static_cast<std::size_t>(decode ? Hkv * threads : 0));
+  std::vector<fused::row_rows<Tr, T>> rrs(static_cast<std::size_t>(decode ? Hkv * groups * threads : 0));
   parallel_for(work * chunks, threads, [&](index_t it) {
     index_t const u = it / chunks, ch = it % chunks;
     int const tid = std::min(thread_index(), threads - 1);
@@ -852,11 +892,11 @@ void fused_attention(attention_plan<T> const& p, view<const T> q, view<const T> 
     index_t const j0 = ch * chunk_len, j1 = std::min(Sk, j0 + chunk_len);
     if (decode) {
       index_t const b = u;
-      auto state_of = [&](index_t hk) {
-        index_t const slot = ((b * Hkv + hk) * chunks + ch) * RG;
+      auto state_of = [&](index_t hk, index_t grp) {
+        index_t const slot = (((b * Hkv + hk) * groups + grp) * chunks + ch) * RG;
         return fused::row_state<T>{ms + slot, ls + slot, os + slot * Dv};
       };
-      fused::decode_item<Tr>(p, q, k, v, enc, b, j0, j1, rot, qbuf, sc, rrs.data() + tid * Hkv, state_of);
+      fused::decode_item<Tr>(p, q, k, v, enc, b, j0, j1, rot, qbuf, sc, rrs.data() + tid * Hkv * groups, state_of);
       return;
     }
     index_t const bh = u / groups, grp = u % groups;
