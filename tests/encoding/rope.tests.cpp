@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "support/catch.hpp"
@@ -159,10 +160,12 @@ TEMPLATE_TEST_CASE("rope: out-of-place, q and k together, position forms", "[rop
   o.rotary_dim = 24;
   o.scaling = rope_scaling::yarn(4.0, 128);
   for (rope_layout layout : {rope_layout::half_split, rope_layout::interleaved}) {
+    // Sections inside a loop need a name per iteration, or they run for the first one only.
+    std::string const tag = layout == rope_layout::half_split ? " (half-split)" : " (interleaved)";
     rope<T> const r(layout, 40, o);
     strided_buffer<T> x(2, 9, 4, 40, 1, 21);
 
-    SECTION("rotate_copy == rotate in place; the input is untouched; the tail is copied") {
+    SECTION("rotate_copy == rotate in place; the input is untouched; the tail is copied" + tag) {
       strided_buffer<T> inplace = x;
       r.rotate(inplace.v, position_span(5));
       strided_buffer<T> out(2, 9, 4, 40, 2, 99, 1, 2, 3);
@@ -176,7 +179,7 @@ TEMPLATE_TEST_CASE("rope: out-of-place, q and k together, position forms", "[rop
             for (index_t d = 0; d < 40; ++d) ok = ok && out.v(b, s, h, d) == inplace.v(b, s, h, d);
       CHECK(ok);
     }
-    SECTION("rotate_qk == rotate q then rotate k (GQA head counts)") {
+    SECTION("rotate_qk == rotate q then rotate k (GQA head counts)" + tag) {
       strided_buffer<T> k(2, 9, 2, 40, 0, 22);
       strided_buffer<T> q1 = x, k1 = k;
       r.rotate_qk(x.v, k.v, position_span(3), 100);
@@ -185,7 +188,7 @@ TEMPLATE_TEST_CASE("rope: out-of-place, q and k together, position forms", "[rop
       CHECK(same(x.buf, q1.buf));
       CHECK(same(k.buf, k1.buf));
     }
-    SECTION("per-batch offsets and explicit ids == the same positions token by token") {
+    SECTION("per-batch offsets and explicit ids == the same positions token by token" + tag) {
       std::vector<index_t> firsts = {4, 70};
       std::vector<index_t> ids(18);
       for (index_t s = 0; s < 9; ++s) {
@@ -210,6 +213,7 @@ TEMPLATE_TEST_CASE("rope: out-of-place, q and k together, position forms", "[rop
 TEMPLATE_TEST_CASE("rope: caller caches by position and per token", "[rope][cache]", float, double) {
   using T = TestType;
   for (rope_layout layout : {rope_layout::half_split, rope_layout::interleaved}) {
+    std::string const tag = layout == rope_layout::half_split ? " (half-split)" : " (interleaved)";
     rope_options o;
     o.rotary_dim = 20;
     rope<T> const r(layout, 34, o);
@@ -220,7 +224,7 @@ TEMPLATE_TEST_CASE("rope: caller caches by position and per token", "[rope][cach
     std::vector<index_t> ids = {3, 63, 0, 17, 17, 40, 1, 2};  // (batch 2, seq 4)
     strided_buffer<T> x(2, 4, 3, 34, 1, 31);
 
-    SECTION("by position == scalar reference with the same rows") {
+    SECTION("by position == scalar reference with the same rows" + tag) {
       strided_buffer<T> got = x, want = x;
       auto cache = posenc::rope_cache<T>::by_position(cosv.data(), sinv.data(), rows, w);
       auto pos = position_span::ids(ids.data(), 2, 4);
@@ -243,7 +247,7 @@ TEMPLATE_TEST_CASE("rope: caller caches by position and per token", "[rope][cach
           true);
       CHECK(rel_diff(back.buf, want_back.buf) <= 8 * std::numeric_limits<T>::epsilon());
     }
-    SECTION("per token == by position with the rows gathered") {
+    SECTION("per token == by position with the rows gathered" + tag) {
       std::vector<T> ct(static_cast<std::size_t>(8 * w)), st(ct.size());
       for (std::size_t t = 0; t < 8; ++t)
         for (index_t k = 0; k < w; ++k) {
@@ -264,7 +268,7 @@ TEMPLATE_TEST_CASE("rope: caller caches by position and per token", "[rope][cach
             for (index_t d = 0; d < 34; ++d) ok = ok && out.v(bb, s, h, d) == a.v(bb, s, h, d);
       CHECK(ok);
     }
-    SECTION("a cache holding the rope's own cos/sin == computed angles") {
+    SECTION("a cache holding the rope's own cos/sin == computed angles" + tag) {
       std::vector<T> cc(static_cast<std::size_t>(rows * w)), ss(cc.size());
       for (index_t p = 0; p < rows; ++p) r.cos_sin(p, rows, cc.data() + p * w, ss.data() + p * w);
       strided_buffer<T> a = x, b = x;

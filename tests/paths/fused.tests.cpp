@@ -209,6 +209,8 @@ TEST_CASE("fused == reference around every tile and vector width", "[fused]") {
 TEST_CASE("fused == reference with every option", "[fused]") {
   std::uint64_t seed = 101;
   for (int trial = 0; trial < 6; ++trial) {
+    // Sections inside a loop need a name per iteration, or they run for the first one only.
+    std::string const tag = ", trial " + std::to_string(trial);
     shape s;
     s.B = 2;
     s.Sq = trial % 2 == 0 ? 70 : 3;  // lane kernel and row kernel
@@ -223,12 +225,12 @@ TEST_CASE("fused == reference with every option", "[fused]") {
     buffers<float> bf(s, seed++);
     std::string const d = describe(s);
 
-    SECTION("window") {
+    SECTION("window" + tag) {
       posenc::attention_options<float> opt;
       opt.sliding_window = 9 + trial;
       check_agrees(bf, posenc::none{}, opt, d + " window");
     }
-    SECTION("key lengths, causal, negative query positions") {
+    SECTION("key lengths, causal, negative query positions" + tag) {
       bf.key_len = {s.Sk - 5, 2};
       posenc::attention_options<float> opt;
       opt.key_lengths = posenc::span<const index_t>(bf.key_len.data(), 2);
@@ -241,7 +243,7 @@ TEST_CASE("fused == reference with every option", "[fused]") {
       opt.q_positions = posenc::position_span::per_batch(posenc::span<const index_t>(bf.qpos.data(), 2));
       check_agrees(bf, posenc::none{}, opt, d + " per-batch q offsets");
     }
-    SECTION("explicit positions") {
+    SECTION("explicit positions" + tag) {
       bf.qpos.resize(static_cast<std::size_t>(s.B * s.Sq));
       bf.kpos.resize(static_cast<std::size_t>(s.B * s.Sk));
       for (std::size_t t = 0; t < bf.qpos.size(); ++t) bf.qpos[t] = static_cast<index_t>((t * 7) % 50);
@@ -254,7 +256,7 @@ TEST_CASE("fused == reference with every option", "[fused]") {
       opt.sliding_window = 20;
       check_agrees(bf, posenc_test::fake_bias{}, opt, d + " explicit window bias");
     }
-    SECTION("masks, broadcast, short key extent") {
+    SECTION("masks, broadcast, short key extent" + tag) {
       bf.mask = posenc_test::random_vector<float>(static_cast<std::size_t>(s.Hq * s.Sq * s.Sk), seed, -2, 1);
       for (std::size_t t = 0; t < bf.mask.size(); t += 3) bf.mask[t] = -std::numeric_limits<float>::infinity();
       bf.bmask_store.resize(static_cast<std::size_t>(s.B * s.Sk));
@@ -268,7 +270,7 @@ TEST_CASE("fused == reference with every option", "[fused]") {
       opt.causal = true;
       check_agrees(bf, posenc::none{}, opt, d + " bool mask");
     }
-    SECTION("softcap and scale") {
+    SECTION("softcap and scale" + tag) {
       posenc::attention_options<float> opt;
       opt.softcap = 2.5;
       opt.scale = 0.9;
@@ -276,7 +278,7 @@ TEST_CASE("fused == reference with every option", "[fused]") {
       opt.causal = true;
       check_agrees(bf, posenc_test::fake_bias{}, opt, d + " softcap bias");
     }
-    SECTION("encoders") {
+    SECTION("encoders" + tag) {
       posenc::attention_options<float> opt;
       opt.causal = trial % 2 == 1;
       check_agrees(bf, posenc::alibi<float>(posenc::alibi_form::symmetric, s.Hq), opt, d + " alibi");
@@ -299,6 +301,81 @@ TEST_CASE("fused == reference with every option", "[fused]") {
         check_agrees(bf, posenc::shaw<float>(4, s.D, posenc::shaw_terms::keys_and_values, seed, 0.5), opt,
                      d + " shaw keys+values");
       }
+    }
+  }
+}
+
+TEST_CASE("fused with a shift-invariant bias (one diagonal per tile) == reference", "[fused][bias]") {
+  // The lane kernel computes a shift-invariant bias once per tile as a
+  // diagonal when a block's rows are one head at consecutive positions; GQA,
+  // masks, key_only ALiBi and scattered positions take the per-row path.
+  posenc::alibi<float> const paper(posenc::alibi_form::paper, 4);
+  posenc::alibi<float> const symmetric(posenc::alibi_form::symmetric, 4);
+  posenc::alibi<float> const key_only(posenc::alibi_form::key_only, 4);
+  posenc::t5_bias<float> const t5_bi(posenc::t5_bias_params{4, true, 32, 128}, 3, 0.5);
+  posenc::t5_bias<float> const t5_causal(posenc::t5_bias_params{4, false, 32, 128}, 4, 0.5);
+  posenc::clipped_bias<float> const clipped(6, 4, 5, 0.5);
+  auto const both = posenc::compose(paper, t5_bi);
+  CHECK(paper.shift_invariant());
+  CHECK(symmetric.shift_invariant());
+  CHECK_FALSE(key_only.shift_invariant());
+  CHECK(t5_bi.shift_invariant());
+  CHECK(clipped.shift_invariant());
+  CHECK(both.shift_invariant());
+  CHECK_FALSE(posenc::compose(paper, key_only).shift_invariant());
+
+  std::uint64_t seed = 500;
+  for (index_t sq : {tile::block_q - 1, tile::block_q, tile::block_q + 1, 2 * tile::block_q + 5}) {
+    for (index_t extra : {index_t{0}, tile::block_kv + 3}) {
+      shape s;
+      s.B = 2;
+      s.Sq = sq;
+      s.Sk = sq + extra;
+      s.Hq = 4;
+      s.Hkv = seed % 3 == 0 ? 2 : 4;  // GQA: the per-row path
+      s.D = 16;
+      s.Dv = 12;
+      s.pad = seed % 2;
+      buffers<float> bf(s, seed++);
+      std::string const d = describe(s);
+      for (int causal = 0; causal < 2; ++causal) {
+        posenc::attention_options<float> opt;
+        opt.causal = causal == 1;
+        std::string const c = d + (opt.causal ? " causal" : " full");
+        check_agrees(bf, paper, opt, c + " alibi paper");
+        check_agrees(bf, symmetric, opt, c + " alibi symmetric");
+        check_agrees(bf, key_only, opt, c + " alibi key_only");
+        check_agrees(bf, opt.causal ? t5_causal : t5_bi, opt, c + " t5");
+        check_agrees(bf, clipped, opt, c + " clipped");
+        check_agrees(bf, both, opt, c + " alibi+t5");
+      }
+      posenc::attention_options<float> opt;
+      opt.causal = true;
+      opt.sliding_window = 40;
+      check_agrees(bf, t5_causal, opt, d + " window t5");
+      opt.sliding_window = 0;
+      bf.key_len = {s.Sk - 7, s.Sk / 2};
+      opt.key_lengths = posenc::span<const index_t>(bf.key_len.data(), 2);
+      check_agrees(bf, paper, opt, d + " key lengths alibi");
+      bf.qpos = {-5, 3};  // per-batch offsets; a negative start takes the per-row path
+      opt.q_positions = posenc::position_span::per_batch(posenc::span<const index_t>(bf.qpos.data(), 2));
+      check_agrees(bf, clipped, opt, d + " per-batch offsets clipped");
+      opt.key_lengths = {};
+      opt.q_positions = {};
+      // Explicit ids: consecutive in batch 0, scattered in batch 1.
+      bf.qpos.assign(static_cast<std::size_t>(s.B * s.Sq), 0);
+      bf.kpos.assign(static_cast<std::size_t>(s.B * s.Sk), 0);
+      for (index_t i = 0; i < s.Sq; ++i) {
+        bf.qpos[static_cast<std::size_t>(i)] = 100 + i;
+        bf.qpos[static_cast<std::size_t>(s.Sq + i)] = (i * 7) % 50;
+      }
+      for (index_t j = 0; j < s.Sk; ++j) {
+        bf.kpos[static_cast<std::size_t>(j)] = 100 + s.Sq - s.Sk + j;
+        bf.kpos[static_cast<std::size_t>(s.Sk + j)] = (j * 5) % 61;
+      }
+      opt.q_positions = posenc::position_span::ids(bf.qpos.data(), s.B, s.Sq);
+      opt.k_positions = posenc::position_span::ids(bf.kpos.data(), s.B, s.Sk);
+      check_agrees(bf, both, opt, d + " explicit ids alibi+t5");
     }
   }
 }

@@ -192,6 +192,16 @@ struct carve {
 // ---------------------------------------------------------------------------
 // Lane kernel.
 
+/// Keys t0 .. t0 + n - 1 of batch entry b sit at consecutive positions.
+template <class T>
+bool keys_consecutive(attention_plan<T> const& p, index_t b, index_t t0, index_t n) noexcept {
+  if (p.keys_are_indices) return true;
+  index_t const k0 = p.k_position(b, t0);
+  for (index_t j = 1; j < n; ++j)
+    if (p.k_position(b, t0 + j) != k0 + j) return false;
+  return true;
+}
+
 template <class Tr>
 struct lane_sizes {
   static index_t block_elements(index_t D, index_t Dv) noexcept {
@@ -200,7 +210,7 @@ struct lane_sizes {
   }
   static index_t shared_elements(index_t D) noexcept {
     index_t const bq = Tr::block_q, bk = Tr::block_kv;
-    return 3 * bk * bq + 2 * bq + (bk + bq) * D + 128;  // st, bt, brow, rlo/rhi, rotated key tile and queries
+    return 3 * bk * bq + 3 * bq + bk + (bk + bq) * D + 128;  // st, bt, brow, rlo/rhi, diagonal, rotated k, q
   }
   static index_t elements(index_t D, index_t Dv) noexcept {
     return Tr::blocks_per_item * block_elements(D, Dv) + shared_elements(D);
@@ -218,6 +228,8 @@ struct lane_block {
   index_t first = 0, last = 0;  // union of the visible key ranges of its rows
   index_t all_first = 0, all_last = 0;  // every row sees [all_first, all_last)
   bool exact = true;            // the visible ranges are exact (no per-key test)
+  bool shifts = false;          // rows = one head at positions q0, q0 + 1, ... (q0 >= 0)
+  index_t q0 = 0;
   index_t lo[256], hi[256];     // per-row visible key range [lo, hi)
 };
 
@@ -264,6 +276,10 @@ void lane_item(attention_plan<T> const& p, view<const T> q, view<const T> k, vie
   T const inv_cap = cap > 0 ? T(1) / cap : T(0);
   T const ninf = -std::numeric_limits<T>::infinity();
   bool const general = has_bias || p.has_masks();
+  // A shift-invariant bias without masks: per tile one diagonal instead of a
+  // row per query (and no transpose).
+  bool diagonal_bias = false;
+  if constexpr (has_bias) diagonal_bias = !p.has_masks() && bias_shift_invariant(enc);
 
   carve<T> c{scratch};
   index_t const nb = blk1 - blk0;
@@ -282,6 +298,7 @@ void lane_item(attention_plan<T> const& p, view<const T> q, view<const T> k, vie
   T* rhi = c.take(BQ);
   T* ktile = c.take(BK * D);
   T* qrows = c.take(BQ * D);
+  T* diag = c.take(BK + BQ);
   index_t rid[BQ];
 
   // Block setup: transposed queries, statistics, visible key ranges.
@@ -325,6 +342,11 @@ void lane_item(attention_plan<T> const& p, view<const T> q, view<const T> k, vie
       bl.all_first = std::max(bl.all_first, kr.first);
       bl.all_last = std::min(bl.all_last, kr.last);
     }
+    // One head, consecutive positions: a shift-invariant bias is a function
+    // of j - l over the tile (one diagonal, see below).
+    bl.q0 = bl.rows > 0 ? p.q_position(b, bl.row0 / G) : 0;
+    bl.shifts = diagonal_bias && G == 1 && bl.q0 >= 0;
+    for (index_t l = 1; l < bl.rows && bl.shifts; ++l) bl.shifts = p.q_position(b, bl.row0 + l) == bl.q0 + l;
     if (rot) {  // each query block rotated once, then transposed
       rotate_query_rows(p, enc, *rot, rid, bl.rows, qrows);
       for (index_t l = 0; l < bl.rows; ++l)
@@ -361,7 +383,21 @@ void lane_item(attention_plan<T> const& p, view<const T> q, view<const T> k, vie
         });
       }
       bool const full = bl.exact && bl.all_first <= t0 && bl.all_last >= t0 + nk;
-      if (general || !bl.exact) {
+      // Diagonal bias: with lane l at position q0 + l and key j at k0 + j,
+      // bias(l, j) = f(k0 - q0 + j - l). diag[u] holds f at distance
+      // k0 - q0 + nk - 1 - u (u = 0 .. nk + BQ - 2), so the lanes o .. o + W - 1
+      // of key j read diag[nk - 1 - j + o ..] in order.
+      bool const diagonal = bl.shifts && bl.exact && keys_consecutive(p, b, t0, nk);
+      if constexpr (has_bias) {
+        if (diagonal) {
+          index_t const n = nk + BQ - 1;
+          std::fill(diag, diag + n, T(0));
+          enc.bias_row(hk, bl.q0 + BQ - 1, p.k_position(b, t0), n, diag);  // distances ascending
+          std::reverse(diag, diag + n);
+        }
+      }
+      bool const per_key_bias = (general || !bl.exact) && !diagonal;
+      if (per_key_bias) {
         // Per (row, key): encoder bias, masks and visibility, one row per
         // query in brow (BQ, BK), then transposed into bt (BK, BQ) by
         // width x width register blocks.
@@ -384,7 +420,7 @@ void lane_item(attention_plan<T> const& p, view<const T> q, view<const T> k, vie
             for (index_t t = 0; t < W; ++t) simd::store(bt + (j0 + t) * BQ + l0, blk[t]);
           }
         }
-      } else if (!full) {
+      } else if (!full) {  // visibility by per-lane bounds
         for (index_t l = 0; l < BQ; ++l) {
           rlo[l] = static_cast<T>(std::clamp<index_t>(bl.lo[l] - t0, -1, BK + 1));
           rhi[l] = static_cast<T>(std::clamp<index_t>(bl.hi[l] - t0, -1, BK + 1));
@@ -399,11 +435,14 @@ void lane_item(attention_plan<T> const& p, view<const T> q, view<const T> k, vie
         for (index_t j = 0; j < nk; ++j) {
           B s = simd::load<T, A>(st + j * BQ + o) * B(scale);
           if (cap > 0) s = B(cap) * simd::tanh(s * B(inv_cap));
-          if (general || !bl.exact) {
+          if (per_key_bias) {
             s = s + simd::load<T, A>(bt + j * BQ + o);
-          } else if (!full) {
-            B const jj(static_cast<T>(j));
-            s = simd::select((jj >= lo) & (jj < hi), s, B(ninf));
+          } else {
+            if (diagonal) s = s + simd::load<T, A>(diag + (nk - 1 - j) + o);
+            if (!full) {
+              B const jj(static_cast<T>(j));
+              s = simd::select((jj >= lo) & (jj < hi), s, B(ninf));
+            }
           }
           simd::store(st + j * BQ + o, s);
           mx = simd::max(mx, s);

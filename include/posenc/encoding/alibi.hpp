@@ -203,6 +203,10 @@ class alibi {
     }
   }
 
+  /// The paper and symmetric forms depend on k_pos - q_pos alone; key_only and
+  /// shifted add a per-row constant (see posenc/encoding/traits.hpp).
+  bool shift_invariant() const noexcept { return form_ == alibi_form::paper || form_ == alibi_form::symmetric; }
+
   /// Checked bias_row: out[j] += bias(head, q_pos, k_pos_first + j) for every j
   /// of `out`; throws posenc::error before writing anything.
   void add_bias(index_t head, index_t q_pos, index_t k_pos_first, span<T> out) const {

@@ -96,6 +96,9 @@ class clipped_bias {
     if (j < count) detail::rel::add_constant(out + j, count - j, col[2 * k_]);  // distance >= K
   }
 
+  /// The bias is a function of the clipped k_pos - q_pos alone (see posenc/encoding/traits.hpp).
+  bool shift_invariant() const noexcept { return true; }
+
   /// Checked bias_row over `out`; throws posenc::error before writing anything.
   void add_bias(index_t head, index_t q_pos, index_t k_pos_first, span<T> out) const {
     check_call("posenc::clipped_bias::add_bias", head, q_pos, k_pos_first);

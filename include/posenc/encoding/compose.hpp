@@ -64,6 +64,17 @@ class compose {
     });
   }
 
+  /// True when every biasing part reports shift_invariant() (the sum of
+  /// functions of k_pos - q_pos is one); false when one of them does not.
+  bool shift_invariant() const noexcept {
+    bool all = true;
+    for_each([&](auto const& p) {
+      using P = std::decay_t<decltype(p)>;
+      if constexpr (biases_scores_v<P>) all = all && detail::bias_shift_invariant(p);
+    });
+    return all;
+  }
+
   /// Head count the biasing parts were built for (0 = any); they must agree.
   index_t heads() const noexcept {
     index_t h = 0;

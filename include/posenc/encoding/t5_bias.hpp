@@ -130,6 +130,9 @@ class t5_bias {
     }
   }
 
+  /// The bias is a function of the bucket of k_pos - q_pos alone (see posenc/encoding/traits.hpp).
+  bool shift_invariant() const noexcept { return true; }
+
   /// Checked bias_row over `out`; throws posenc::error before writing anything.
   void add_bias(index_t head, index_t q_pos, index_t k_pos_first, span<T> out) const {
     check_call("posenc::t5_bias::add_bias", head, q_pos, k_pos_first);

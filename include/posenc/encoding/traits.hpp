@@ -39,6 +39,13 @@ namespace posenc {
 /// true when rotate() at that length is cheap (cos/sin precomputed, as after
 /// rope::reserve). Fused attention then rotates each query block and key tile
 /// inside the kernel; otherwise it rotates copies of q and k once per call.
+///
+/// A biasing encoder may also have `bool shift_invariant() const noexcept`:
+/// true when bias_row(h, q_pos + s, k_pos + s, n) equals bias_row(h, q_pos,
+/// k_pos, n) for every shift s, i.e. the bias is a function of k_pos - q_pos
+/// alone (ALiBi paper and symmetric, T5, clipped; not ALiBi key_only, whose
+/// rows differ by a constant). Fused attention then computes one diagonal of
+/// nk + block - 1 values per tile instead of one row per query.
 template <class E>
 struct encoder_traits;
 
@@ -77,6 +84,21 @@ struct has_reserved_for : std::false_type {};
 template <class E>
 struct has_reserved_for<E, std::void_t<decltype(bool(std::declval<E const&>().reserved_for(index_t{1})))>>
     : std::true_type {};
+
+template <class E, class = void>
+struct has_shift_invariant : std::false_type {};
+template <class E>
+struct has_shift_invariant<E, std::void_t<decltype(bool(std::declval<E const&>().shift_invariant()))>>
+    : std::true_type {};
+
+/// enc.shift_invariant() when E has it, else false.
+template <class E>
+bool bias_shift_invariant(E const& enc) noexcept {
+  if constexpr (has_shift_invariant<E>::value)
+    return enc.shift_invariant();
+  else
+    return (void)enc, false;
+}
 
 /// enc.reserved_for(length) when E has it, else false.
 template <class E>
