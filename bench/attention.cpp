@@ -214,7 +214,9 @@ int main(int argc, char** argv) {
   // Grouped-query attention: 32 query heads over 8 kv heads, against H = 8 above.
   add<fused>("fused", {1024, 1024, 32, 8, 128, false, 1});
   add<fused>("fused", {1024, 1024, 32, 8, 128, true, 1});
-  // Decode: one query against 4096 cached keys, and the time to read K and V once.
+  // Decode: one query against 4096 cached keys, and the time to read K and V once;
+  // with GQA (32 query heads over the same 8 kv heads: 4 rows per K/V load).
+  add<fused>("fused", {1, 4096, 32, 8, 128, true, 1});
   for (int t : {1, 2}) {
     add<fused>("fused", {1, 4096, 8, 8, 128, true, t});
     std::int64_t bytes = 2ll * 4096 * 8 * 128 * 4;  // K and V of the decode case

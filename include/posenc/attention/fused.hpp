@@ -541,7 +541,7 @@ inline void row_scores(typename Tr::value_type const* const* qr, typename Tr::va
   using B = typename Tr::batch;
   using A = typename Tr::arch;
   constexpr index_t W = Tr::width;
-  constexpr int KJ = register_block<Tr>(NG, NG + 3, W);
+  constexpr int KJ = register_block<Tr>(NG + 1, 2, W);
   index_t const Dw = D / W * W;
   alignas(64) T part[NG][W][W];  // part[g][key][lane]: partial sums of W keys
   for (index_t j0 = 0; j0 < nk; j0 += W) {
@@ -554,11 +554,11 @@ inline void row_scores(typename Tr::value_type const* const* qr, typename Tr::va
         for (int g = 0; g < NG; ++g) acc[g][t] = B(T(0));
       }
       for (index_t d = 0; d < Dw; d += W) {
-        B qv[NG];
-        for (int g = 0; g < NG; ++g) qv[g] = simd::load<T, A>(qr[g] + d);
-        for (int t = 0; t < KJ; ++t) {
-          B const kv = simd::load<T, A>(kr[t] + d);
-          for (int g = 0; g < NG; ++g) acc[g][t] = simd::fma(qv[g], kv, acc[g][t]);
+        B kv[KJ];
+        for (int t = 0; t < KJ; ++t) kv[t] = simd::load<T, A>(kr[t] + d);
+        for (int g = 0; g < NG; ++g) {
+          B const qv = simd::load<T, A>(qr[g] + d);
+          for (int t = 0; t < KJ; ++t) acc[g][t] = simd::fma(qv, kv[t], acc[g][t]);
         }
       }
       for (int g = 0; g < NG; ++g)
