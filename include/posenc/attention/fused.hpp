@@ -371,18 +371,21 @@ void lane_item(attention_plan<T> const& p, view<const T> q, view<const T> k, vie
         kt = ktile;
         ldk = D;
       }
+      // Keys past the block's last visible key are not computed (with GQA a
+      // block spans fewer query positions than a tile has keys).
+      index_t const nkb = std::min(nk, bl.last - t0);
       // Only the rows that use this tile count; vectors past them are padding.
       index_t const nv = (bl.rows + W - 1) / W;
       index_t const ngroups = (nv + MQ - 1) / MQ;
       index_t const nvec = ngroups * MQ;
-      // Scores st (nk, BQ).
+      // Scores st (nkb, BQ).
       for (index_t g = 0; g < ngroups; ++g) {
-        row_blocks<Tr::micro_rows>(nk, [&](index_t r0, auto mr) {
+        row_blocks<Tr::micro_rows>(nkb, [&](index_t r0, auto mr) {
           score_micro<Tr, decltype(mr)::value, MQ>(kt + r0 * ldk, ldk, bl.qt + g * MQ * W,
                                                    BQ, D, st + r0 * BQ + g * MQ * W, BQ);
         });
       }
-      bool const full = bl.exact && bl.all_first <= t0 && bl.all_last >= t0 + nk;
+      bool const full = bl.exact && bl.all_first <= t0 && bl.all_last >= t0 + nkb;
       // Diagonal bias: with lane l at position q0 + l and key j at k0 + j,
       // bias(l, j) = f(k0 - q0 + j - l). diag[u] holds f at distance
       // k0 - q0 + nk - 1 - u (u = 0 .. nk + BQ - 2), so the lanes o .. o + W - 1
@@ -404,16 +407,16 @@ void lane_item(attention_plan<T> const& p, view<const T> q, view<const T> k, vie
         for (index_t l = 0; l < BQ; ++l) {
           T* row = brow + l * BK;
           if (l >= bl.rows) {
-            std::fill(row, row + nk, ninf);
+            std::fill(row, row + nkb, ninf);
             continue;
           }
           index_t const r = bl.row0 + l, i = r / G, h = hk * G + r % G;
-          encoder_terms(p, enc, q.ptr(b, i, h), b, h, i, t0, nk, false, true, row);
-          bool const covers = bl.exact && bl.lo[l] <= t0 && bl.hi[l] >= t0 + nk;
-          if (!covers || p.has_masks()) apply_masks(p, b, h, i, t0, nk, row);
+          encoder_terms(p, enc, q.ptr(b, i, h), b, h, i, t0, nkb, false, true, row);
+          bool const covers = bl.exact && bl.lo[l] <= t0 && bl.hi[l] >= t0 + nkb;
+          if (!covers || p.has_masks()) apply_masks(p, b, h, i, t0, nkb, row);
         }
         for (index_t l0 = 0; l0 < nvec * W; l0 += W) {
-          for (index_t j0 = 0; j0 < nk; j0 += W) {
+          for (index_t j0 = 0; j0 < nkb; j0 += W) {
             B blk[W];
             for (index_t t = 0; t < W; ++t) blk[t] = simd::load<T, A>(brow + (l0 + t) * BK + j0);
             simd::transpose(blk);
@@ -432,7 +435,7 @@ void lane_item(attention_plan<T> const& p, view<const T> q, view<const T> k, vie
         B const m_old = simd::load<T, A>(bl.m + o);
         B mx = m_old;
         B const lo = simd::load<T, A>(rlo + o), hi = simd::load<T, A>(rhi + o);
-        for (index_t j = 0; j < nk; ++j) {
+        for (index_t j = 0; j < nkb; ++j) {
           B s = simd::load<T, A>(st + j * BQ + o) * B(scale);
           if (cap > 0) s = B(cap) * simd::tanh(s * B(inv_cap));
           if (per_key_bias) {
@@ -450,7 +453,7 @@ void lane_item(attention_plan<T> const& p, view<const T> q, view<const T> k, vie
         B const m_use = simd::select(mx == B(ninf), B(T(0)), mx);
         B const al = simd::exp(m_old - m_use);
         B sum(T(0));
-        for (index_t j = 0; j < nk; ++j) {
+        for (index_t j = 0; j < nkb; ++j) {
           B const e = simd::exp(simd::load<T, A>(st + j * BQ + o) - m_use);
           simd::store(st + j * BQ + o, e);
           sum = sum + e;
@@ -462,7 +465,7 @@ void lane_item(attention_plan<T> const& p, view<const T> q, view<const T> k, vie
       // ot = alpha * ot + V^T p.
       for (index_t g = 0; g < ngroups; ++g) {
         row_blocks<Tr::micro_rows>(Dv, [&](index_t d0, auto mr) {
-          value_micro<Tr, decltype(mr)::value, MQ>(vt + d0, v.seq_stride, nk, st + g * MQ * W, BQ,
+          value_micro<Tr, decltype(mr)::value, MQ>(vt + d0, v.seq_stride, nkb, st + g * MQ * W, BQ,
                                                    bl.alpha + g * MQ * W, bl.ot + d0 * BQ + g * MQ * W, BQ);
         });
       }
