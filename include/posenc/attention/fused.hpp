@@ -19,11 +19,14 @@
 //   skipped, fully visible tiles are not tested, the diagonal tiles are masked
 //   in registers by comparing the key index with per-lane bounds. Biases and
 //   masks are computed per (query row, key tile) with bias_row / apply_masks
-//   and added transposed.
-// * The row kernel (decode, Shaw, few rows). Keys go along the lanes of a row
-//   of scores; a few rows share each K and V row load. Long key ranges are
-//   split across threads, each keeping (max, sum, partial output) per row,
-//   merged with the log-sum-exp rule (docs/formulas.md 5.5).
+//   and added transposed; a shift-invariant bias over a block of one head at
+//   consecutive positions is one diagonal per tile instead.
+// * The row kernel (fewer rows than a lane block, and Shaw). Keys go along
+//   the lanes of a row of scores; up to row_group rows share each K and V row
+//   load. Without Shaw terms (the decode path) a work item walks every kv head
+//   of a batch entry tile by tile, so K and V are read once, in memory order.
+//   Long key ranges are split across threads, each keeping (max, sum, partial
+//   output) per row, merged with the log-sum-exp rule (docs/formulas.md 5.5).
 //
 // Scratch: one buffer per thread, sized by the tile constants, D and Dv only
 // (fused_scratch_elements); nothing grows with Sq x Sk.
