@@ -366,6 +366,8 @@ void lane_item(attention_plan<T> const& p, view<const T> q, view<const T> k, vie
     T const* kt = k.ptr(b, t0, hk);
     index_t ldk = k.seq_stride;
     T const* vt = v.ptr(b, t0, hk);
+    // The tile's keys at consecutive positions (once per tile, for every block).
+    bool const keys_run = diagonal_bias && keys_consecutive(p, b, t0, nk);
     for (index_t t = 0; t < nb; ++t) {
       lane_block<T>& bl = blocks[t];
       if (bl.first >= bl.last || t0 >= bl.last || t0 + nk <= bl.first) continue;
@@ -393,7 +395,7 @@ void lane_item(attention_plan<T> const& p, view<const T> q, view<const T> k, vie
       // bias(l, j) = f(k0 - q0 + j - l). diag[u] holds f at distance
       // k0 - q0 + nk - 1 - u (u = 0 .. nk + BQ - 2), so the lanes o .. o + W - 1
       // of key j read diag[nk - 1 - j + o ..] in order.
-      bool const diagonal = bl.shifts && bl.exact && keys_consecutive(p, b, t0, nk);
+      bool const diagonal = bl.shifts && bl.exact && keys_run;
       if constexpr (has_bias) {
         if (diagonal) {
           index_t const n = nk + BQ - 1;
