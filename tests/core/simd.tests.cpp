@@ -70,6 +70,18 @@ TEMPLATE_TEST_CASE("simd: swap_pairs and alternating_sign", "[simd]", float, dou
   }
 }
 
+TEMPLATE_TEST_CASE("simd: duplicate_half repeats each element of one half, in order", "[simd]", float, double) {
+  constexpr auto W = simd::width<TestType>;
+  std::vector<TestType> x(W), lo(W), hi(W);
+  for (posenc::index_t i = 0; i < W; ++i) x[i] = static_cast<TestType>(i + 1);
+  simd::store(lo.data(), simd::duplicate_half<false>(simd::load(x.data())));
+  simd::store(hi.data(), simd::duplicate_half<true>(simd::load(x.data())));
+  for (posenc::index_t i = 0; i < W; ++i) {
+    CHECK(lo[i] == x[i / 2]);
+    CHECK(hi[i] == x[W / 2 + i / 2]);
+  }
+}
+
 TEMPLATE_TEST_CASE("simd: max and broadcast against scalar, misaligned", "[simd]", float, double) {
   constexpr auto W = simd::width<TestType>;
   auto a = posenc_test::random_vector<TestType>(W + 3, 11, -5, 5);

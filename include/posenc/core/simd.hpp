@@ -16,6 +16,14 @@
 
 #include "posenc/core/span.hpp"
 
+/// Forces inlining of a small kernel whose register-resident state must not
+/// be spilled across a call (GCC and Clang; a plain `inline` elsewhere).
+#if defined(__GNUC__) || defined(__clang__)
+#define POSENC_ALWAYS_INLINE inline __attribute__((always_inline))
+#else
+#define POSENC_ALWAYS_INLINE inline
+#endif
+
 namespace posenc::simd {
 
 /// The instruction set picked at compile time (by -m flags).
@@ -196,7 +204,46 @@ inline batch<T, Arch> swap_pairs_impl(batch<T, Arch> const& b, std::index_sequen
   return xsimd::swizzle(b, xsimd::batch_constant<xsimd::batch<U, Arch>, static_cast<U>(I ^ 1u)...>());
 #endif
 }
+
+template <bool High, class T, class Arch, std::size_t... I>
+inline batch<T, Arch> duplicate_half_impl(batch<T, Arch> const& b, std::index_sequence<I...>) noexcept {
+  using U = index_of<T>;
+  constexpr U base = High ? static_cast<U>(sizeof...(I) / 2) : U(0);
+#if XSIMD_VERSION_MAJOR >= 13
+  return xsimd::swizzle(b, xsimd::batch_constant<U, Arch, static_cast<U>(base + I / 2)...>());
+#else
+  return xsimd::swizzle(b, xsimd::batch_constant<xsimd::batch<U, Arch>, static_cast<U>(base + I / 2)...>());
+#endif
+}
 }  // namespace detail
+
+/// Each element of one half of b twice, in order: High = false gives
+/// [x0, x0, x1, x1, ..., x(W/2-1), x(W/2-1)], High = true the same from x(W/2).
+/// (xsimd's zip_lo is not this on every version: on AVX-512 it interleaves
+/// within 128-bit lanes in xsimd 8.)
+template <bool High, class T, class Arch>
+inline batch<T, Arch> duplicate_half(batch<T, Arch> const& b) noexcept {
+  return detail::duplicate_half_impl<High>(b, std::make_index_sequence<batch<T, Arch>::size>());
+}
+
+/// Makes the compiler treat b as computed in a register: a loaded value that
+/// has two uses is then loaded once. (GCC otherwise folds the load into both
+/// instructions and reads memory twice; on a memory-bound kernel that costs.)
+/// No instruction is emitted.
+template <class T, class Arch>
+inline void keep_in_register(batch<T, Arch>& b) noexcept {
+#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
+  typename batch<T, Arch>::register_type r = b;
+  __asm__("" : "+v"(r));
+  b = batch<T, Arch>(r);
+#elif (defined(__GNUC__) || defined(__clang__)) && defined(__aarch64__)
+  typename batch<T, Arch>::register_type r = b;
+  __asm__("" : "+w"(r));
+  b = batch<T, Arch>(r);
+#else
+  (void)b;
+#endif
+}
 
 /// [x0, x1, x2, x3, ...] -> [x1, x0, x3, x2, ...] (the pair swap of interleaved RoPE).
 /// On x86 an in-lane shuffle with an immediate (shufps / shufpd) does it:

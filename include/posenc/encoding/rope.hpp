@@ -193,54 +193,104 @@ void rope_rotate_interleaved(T* out, T const* in, T const* c, T const* s, index_
     }
   };
   index_t k = 0;
-  for (; k + W <= r; k += W)
-    simd::store(out + k, step(simd::load<T, Arch>(in + k), simd::load<T, Arch>(c + k), simd::load<T, Arch>(s + k)));
+  for (; k + W <= r; k += W) {
+    B x = simd::load<T, Arch>(in + k);
+    simd::keep_in_register(x);  // one load for the shuffle and the FMA
+    simd::store(out + k, step(x, simd::load<T, Arch>(c + k), simd::load<T, Arch>(s + k)));
+  }
   if (k < r) rope_rotate_interleaved_tail<Inverse>(out, in, c, s, r, k, g);
 }
 
-/// Every head row of one token with that token's cos/sin row, when the rotated
+/// The head rows of one token with that token's cos/sin row, when the rotated
 /// part is NV whole vectors (per half for half-split, per row for interleaved):
-/// the cos/sin vectors are loaded once and stay in registers for all heads, so
-/// a head row costs its own loads, FMAs and stores only. Rows are
-/// `in_stride` / `out_stride` apart; `pf` (elements) is how far ahead of a row
-/// the next loads are prefetched. Same arithmetic as the one-row kernels.
+/// the constructor loads the cos/sin vectors once and they stay in registers
+/// for every head of every tensor of the token, so a head row costs its own
+/// loads, FMAs and stores only. Same arithmetic as the one-row kernels.
 template <rope_layout L, bool Inverse, class Arch, int NV, class T>
-void rope_rotate_heads_fixed(T* out, index_t out_stride, T const* in, index_t in_stride, index_t heads, T const* c,
-                             T const* s, T g, index_t pf) noexcept {
+struct rope_token_kernel {
   using B = simd::batch<T, Arch>;
-  constexpr index_t W = simd::width<T, Arch>;
-  constexpr index_t h = NV * W;  // half-split: pairs; interleaved: rotated components
-  constexpr index_t row_bytes = (L == rope_layout::half_split ? 2 * h : h) * static_cast<index_t>(sizeof(T));
+  static constexpr index_t W = simd::width<T, Arch>;
+  static constexpr index_t h = NV * W;  // half-split: pairs; interleaved: rotated components
+  static constexpr index_t row_bytes = (L == rope_layout::half_split ? 2 * h : h) * static_cast<index_t>(sizeof(T));
   B cc[NV], ss[NV];
-  for (int j = 0; j < NV; ++j) {
-    cc[j] = simd::load<T, Arch>(c + j * W);
-    ss[j] = simd::load<T, Arch>(s + j * W);
-  }
-  B const gg(g);
-  for (index_t hd = 0; hd < heads; ++hd, in += in_stride, out += out_stride) {
-    if (pf != 0) prefetch_span(in + pf, row_bytes);
+  B gg;
+
+  /// c, s: the token's h cos and h sin values (one per pair). Interleaved
+  /// expands them here, once per token: cc = [c0, c0, c1, c1, ...],
+  /// ss = [-s0, s0, -s1, s1, ...].
+  POSENC_ALWAYS_INLINE rope_token_kernel(T const* c, T const* s, T g) noexcept : gg(g) {
     if constexpr (L == rope_layout::half_split) {
       for (int j = 0; j < NV; ++j) {
-        B const a = simd::load<T, Arch>(in + j * W), b = simd::load<T, Arch>(in + h + j * W);
-        if constexpr (!Inverse) {
-          simd::store(out + j * W, simd::fma(a, cc[j], -(b * ss[j])));
-          simd::store(out + h + j * W, simd::fma(b, cc[j], a * ss[j]));
-        } else {
-          simd::store(out + j * W, simd::fma(a, cc[j], b * ss[j]) * gg);
-          simd::store(out + h + j * W, simd::fma(b, cc[j], -(a * ss[j])) * gg);
-        }
+        cc[j] = simd::load<T, Arch>(c + j * W);
+        ss[j] = simd::load<T, Arch>(s + j * W);
       }
     } else {
-      for (int j = 0; j < NV; ++j) {
-        B const x = simd::load<T, Arch>(in + j * W);
-        B const sw = simd::swap_pairs(x);
-        if constexpr (!Inverse)
-          simd::store(out + j * W, simd::fma(x, cc[j], sw * ss[j]));
-        else
-          simd::store(out + j * W, simd::fma(x, cc[j], -(sw * ss[j])) * gg);
+      B const sign = simd::alternating_sign<T, Arch>();  // exact: only flips signs
+      if constexpr (NV == 1) {
+        // W / 2 values each: one vector [c, s], no load past either row.
+        alignas(Arch::alignment()) T buf[W];
+        for (index_t k = 0; k < W / 2; ++k) {
+          buf[k] = c[k];
+          buf[W / 2 + k] = s[k];
+        }
+        B const v = B::load_aligned(buf);
+        cc[0] = simd::duplicate_half<false>(v);
+        ss[0] = simd::duplicate_half<true>(v) * sign;
+      } else {
+        static_assert(NV % 2 == 0, "rope_token_kernel: NV is 1 or even");
+        for (int j = 0; j < NV; j += 2) {  // vector j / 2 of c and s gives vectors j and j + 1
+          B const cv = simd::load<T, Arch>(c + j / 2 * W), sv = simd::load<T, Arch>(s + j / 2 * W);
+          cc[j] = simd::duplicate_half<false>(cv);
+          cc[j + 1] = simd::duplicate_half<true>(cv);
+          ss[j] = simd::duplicate_half<false>(sv) * sign;
+          ss[j + 1] = simd::duplicate_half<true>(sv) * sign;
+        }
       }
     }
   }
+
+  /// `heads` rows `in_stride` / `out_stride` apart; `pf` (elements): how far
+  /// ahead of a row the next loads are prefetched (0: none).
+  POSENC_ALWAYS_INLINE void operator()(T* out, index_t out_stride, T const* in, index_t in_stride, index_t heads,
+                                       index_t pf) const noexcept {
+    for (index_t hd = 0; hd < heads; ++hd, in += in_stride, out += out_stride) {
+      if (pf != 0) prefetch_span(in + pf, row_bytes);
+      if constexpr (L == rope_layout::half_split) {
+        for (int j = 0; j < NV; ++j) {
+          B const a = simd::load<T, Arch>(in + j * W), b = simd::load<T, Arch>(in + h + j * W);
+          if constexpr (!Inverse) {
+            simd::store(out + j * W, simd::fma(a, cc[j], -(b * ss[j])));
+            simd::store(out + h + j * W, simd::fma(b, cc[j], a * ss[j]));
+          } else {
+            simd::store(out + j * W, simd::fma(a, cc[j], b * ss[j]) * gg);
+            simd::store(out + h + j * W, simd::fma(b, cc[j], -(a * ss[j])) * gg);
+          }
+        }
+      } else {
+        for (int j = 0; j < NV; ++j) {
+          B x = simd::load<T, Arch>(in + j * W);
+          simd::keep_in_register(x);  // one load for the shuffle and the FMA
+          B const sw = simd::swap_pairs(x);
+          if constexpr (!Inverse)
+            simd::store(out + j * W, simd::fma(x, cc[j], sw * ss[j]));
+          else
+            simd::store(out + j * W, simd::fma(x, cc[j], -(sw * ss[j])) * gg);
+        }
+      }
+    }
+  }
+};
+
+/// The expanded row of the any-size interleaved kernel, written to `out`
+/// (2h values): C = [c0, c0, c1, c1, ...], S = [-s0, s0, -s1, s1, ...].
+template <class T>
+inline std::pair<T const*, T const*> rope_expand_interleaved(T const* c, T const* s, index_t h, T* out) noexcept {
+  for (index_t k = 0; k < h; ++k) {
+    out[2 * k] = out[2 * k + 1] = c[k];
+    out[2 * h + 2 * k] = -s[k];
+    out[2 * h + 2 * k + 1] = s[k];
+  }
+  return {out, out + 2 * h};
 }
 
 /// Every head row of one token with the one-row kernels (any rotary_dim, with tails).
@@ -476,7 +526,7 @@ class rope {
     return o;
   }
 
-  index_t row_len() const noexcept { return layout_ == rope_layout::half_split ? rotary_dim_ : 2 * rotary_dim_; }
+  index_t row_len() const noexcept { return rotary_dim_; }
 
   rope_frequencies const& frequencies_into(index_t length, rope_frequencies& storage) const {
     if (scaling_.type == rope_scaling_type::dynamic && length > scaling_.max_position_embeddings) {
@@ -488,41 +538,25 @@ class rope {
     return fixed_;
   }
 
-  /// Kernel-format row of position p: half-split [c (h), s (h)]; interleaved
-  /// [C (r) = c0 c0 c1 c1 ..., S (r) = -s0 s0 -s1 s1 ...].
+  /// Row of position p, both layouts: [c (h), s (h)], one value per pair
+  /// (the interleaved kernels expand it per token; the table stays r values
+  /// per position either way).
   void compute_row(index_t p, rope_frequencies const& f, T* row) const noexcept {
     index_t const h = rotary_dim_ / 2;
     for (index_t k = 0; k < h; ++k) {
       double c = 0, s = 0;
       rope_angle_cos_sin(p, f.inv_freq[static_cast<std::size_t>(k)], f.inv_freq_lo[static_cast<std::size_t>(k)], c, s);
-      put(row, k, static_cast<T>(f.attention_factor * c), static_cast<T>(f.attention_factor * s));
+      row[k] = static_cast<T>(f.attention_factor * c);
+      row[h + k] = static_cast<T>(f.attention_factor * s);
     }
   }
 
-  void put(T* row, index_t k, T c, T s) const noexcept {
-    if (layout_ == rope_layout::half_split) {
-      row[k] = c;
-      row[rotary_dim_ / 2 + k] = s;
-    } else {
-      row[2 * k] = c;
-      row[2 * k + 1] = c;
-      row[rotary_dim_ + 2 * k] = -s;
-      row[rotary_dim_ + 2 * k + 1] = s;
-    }
-  }
+  /// (c, s) pointers of a row.
+  std::pair<T const*, T const*> split(T const* row) const noexcept { return {row, row + rotary_dim_ / 2}; }
 
-  /// (c, s) pointers of a kernel-format row.
-  std::pair<T const*, T const*> split(T const* row) const noexcept {
-    return {row, row + (layout_ == rope_layout::half_split ? rotary_dim_ / 2 : rotary_dim_)};
-  }
-
-  /// Kernel-format row from a caller cache row (half-split uses it directly).
-  std::pair<T const*, T const*> cache_row(rope_cache<T> const& c, index_t row, T* scratch) const noexcept {
-    T const* cs = c.cos + row * c.width;
-    T const* sn = c.sin + row * c.width;
-    if (layout_ == rope_layout::half_split) return {cs, sn};
-    for (index_t k = 0; k < c.width; ++k) put(scratch, k, cs[k], sn[k]);
-    return split(scratch);
+  /// (c, s) pointers of a caller cache row: used as they are.
+  static std::pair<T const*, T const*> cache_row(rope_cache<T> const& c, index_t row) noexcept {
+    return {c.cos + row * c.width, c.sin + row * c.width};
   }
 
   void check_x(char const* where, char const* name, view<const T> const& v) const {
@@ -596,10 +630,10 @@ class rope {
       rope_cache<T> const c = *cache;
       if (per_token) {
         run_rows(ios, n_io, batch, seq, inverse, T(1),
-                 [&](index_t b, index_t s, T* scr) noexcept { return cache_row(c, b * seq + s, scr); });
+                 [&](index_t b, index_t s, T*) noexcept { return cache_row(c, b * seq + s); });
       } else {
         run_rows(ios, n_io, batch, seq, inverse, T(1),
-                 [&](index_t b, index_t s, T* scr) noexcept { return cache_row(c, pos.at(b, s), scr); });
+                 [&](index_t b, index_t s, T*) noexcept { return cache_row(c, pos.at(b, s)); });
       }
       return;
     }
@@ -656,7 +690,10 @@ class rope {
     constexpr index_t block = 16;
     index_t const nblk = (seq + block - 1) / block;
     int const t = loop_threads(threads_);
-    index_t const scr_len = (2 * rotary_dim_ + 15) / 16 * 16;  // whole cache lines per thread
+    // Per thread: a computed row (r values) and, for the any-size interleaved
+    // kernel, its expanded form (2r); whole cache lines.
+    constexpr bool expand = L == rope_layout::interleaved && NV == 0;
+    index_t const scr_len = ((expand ? 3 : 1) * rotary_dim_ + 15) / 16 * 16;
     // Small calls (a key tile inside fused attention) keep the scratch on the stack.
     alignas(64) T local[256];
     aligned_buffer<T> heap;
@@ -666,22 +703,36 @@ class rope {
       scratch = heap.data();
     }
     index_t const r = rotary_dim_, d = head_dim_;
+    // Prefetch distance in head rows: at least prefetch_rows, and at least
+    // prefetch_bytes of rotated data.
+    index_t const ahead = std::max<index_t>(prefetch_rows, prefetch_bytes / (r * static_cast<index_t>(sizeof(T))));
     parallel_for(batch * nblk, t, [&](index_t task) noexcept {
       index_t const b = task / nblk;
       index_t const s0 = (task % nblk) * block, s1 = std::min(seq, s0 + block);
       T* const scr = scratch + (t > 1 ? thread_index() : 0) * scr_len;
       for (index_t s = s0; s < s1; ++s) {
-        auto const cs = row_of(b, s, scr);
+        auto cs = row_of(b, s, scr);
+        if constexpr (expand) cs = detail::rope_expand_interleaved(cs.first, cs.second, r / 2, scr + r);
+        [[maybe_unused]] auto const kernel = [&] {
+          if constexpr (NV > 0)
+            return detail::rope_token_kernel<L, Inverse, A, NV, T>(cs.first, cs.second, g);
+          else
+            return 0;
+        }();
         for (int i = 0; i < n_io; ++i) {
           io const& v = ios[i];
-          // A head row is only r * sizeof(T) bytes; prefetch the rows a few
-          // KiB ahead (the next heads, or the next token's) so their loads overlap.
-          index_t const pf = prefetch_rows * v.in.head_stride;
+          // A head row is only r * sizeof(T) bytes. When the rotated rows of
+          // the tensor are one dense run (q, k as (batch, seq, heads, dim)
+          // with rotary_dim == head_dim), the hardware prefetchers follow it
+          // and software prefetch only costs instructions (measured: ~10% on
+          // the 4 MiB case, nothing from memory). Otherwise (strided heads,
+          // partial rotary) prefetch the rows a few KiB ahead.
+          bool const dense = v.in.head_stride == r && v.in.seq_stride == v.in.heads * r;
+          index_t const pf = dense ? 0 : ahead * v.in.head_stride;
           T const* src = v.in.ptr(b, s, 0);
           T* dst = v.out.ptr(b, s, 0);
           if constexpr (NV > 0)
-            detail::rope_rotate_heads_fixed<L, Inverse, A, NV>(dst, v.out.head_stride, src, v.in.head_stride,
-                                                               v.in.heads, cs.first, cs.second, g, pf);
+            kernel(dst, v.out.head_stride, src, v.in.head_stride, v.in.heads, pf);
           else
             detail::rope_rotate_heads_any<L, Inverse, A>(dst, v.out.head_stride, src, v.in.head_stride, v.in.heads,
                                                          cs.first, cs.second, r, g, pf);
@@ -694,8 +745,10 @@ class rope {
     });
   }
 
-  /// How many head rows ahead the kernels prefetch (measured best on the bench shapes).
+  /// How far ahead the kernels prefetch: max(prefetch_rows head rows,
+  /// prefetch_bytes of rotated data) (measured best on the bench shapes).
   static constexpr index_t prefetch_rows = 4;
+  static constexpr index_t prefetch_bytes = 2048;
 
   rope_layout layout_;
   index_t head_dim_;
