@@ -721,14 +721,9 @@ class rope {
         }();
         for (int i = 0; i < n_io; ++i) {
           io const& v = ios[i];
-          // A head row is only r * sizeof(T) bytes. When the rotated rows of
-          // the tensor are one dense run (q, k as (batch, seq, heads, dim)
-          // with rotary_dim == head_dim), the hardware prefetchers follow it
-          // and software prefetch only costs instructions (measured: ~10% on
-          // the 4 MiB case, nothing from memory). Otherwise (strided heads,
-          // partial rotary) prefetch the rows a few KiB ahead.
-          bool const dense = v.in.head_stride == r && v.in.seq_stride == v.in.heads * r;
-          index_t const pf = dense ? 0 : ahead * v.in.head_stride;
+          // A head row is only r * sizeof(T) bytes; prefetch the rows a few
+          // KiB ahead (the next heads, or the next token's) so their loads overlap.
+          index_t const pf = ahead * v.in.head_stride;
           T const* src = v.in.ptr(b, s, 0);
           T* dst = v.out.ptr(b, s, 0);
           if constexpr (NV > 0)
