@@ -178,7 +178,8 @@ void rope_rotate_half(T* out, T const* in, T const* c, T const* s, index_t h, T 
 }
 
 /// Interleaved layout: x' = fma(x, C, swap_pairs(x) * S) with C = [c0, c0, c1, c1, ...]
-/// and S = [-s0, s0, -s1, s1, ...] (r values each).
+/// and S = [-s0, s0, -s1, s1, ...] (r values each: the expanded row that
+/// rope_expand_interleaved writes from the compact one).
 template <bool Inverse, class Arch, class T>
 void rope_rotate_interleaved(T* out, T const* in, T const* c, T const* s, index_t r, T g) noexcept {
   using B = simd::batch<T, Arch>;
