@@ -195,25 +195,27 @@ namespace detail {
 template <class T>
 using index_of = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
 
-template <class T, class Arch, std::size_t... I>
-inline batch<T, Arch> swap_pairs_impl(batch<T, Arch> const& b, std::index_sequence<I...>) noexcept {
+/// xsimd::swizzle with compile-time indices; the one place that knows how
+/// batch_constant is spelled in each xsimd version.
+template <class T, class Arch, index_of<T>... Idx>
+inline batch<T, Arch> swizzle_const(batch<T, Arch> const& b) noexcept {
   using U = index_of<T>;
 #if XSIMD_VERSION_MAJOR >= 13
-  return xsimd::swizzle(b, xsimd::batch_constant<U, Arch, static_cast<U>(I ^ 1u)...>());
+  return xsimd::swizzle(b, xsimd::batch_constant<U, Arch, Idx...>());
 #else
-  return xsimd::swizzle(b, xsimd::batch_constant<xsimd::batch<U, Arch>, static_cast<U>(I ^ 1u)...>());
+  return xsimd::swizzle(b, xsimd::batch_constant<xsimd::batch<U, Arch>, Idx...>());
 #endif
+}
+
+template <class T, class Arch, std::size_t... I>
+inline batch<T, Arch> swap_pairs_impl(batch<T, Arch> const& b, std::index_sequence<I...>) noexcept {
+  return swizzle_const<T, Arch, static_cast<index_of<T>>(I ^ 1u)...>(b);
 }
 
 template <bool High, class T, class Arch, std::size_t... I>
 inline batch<T, Arch> duplicate_half_impl(batch<T, Arch> const& b, std::index_sequence<I...>) noexcept {
-  using U = index_of<T>;
-  constexpr U base = High ? static_cast<U>(sizeof...(I) / 2) : U(0);
-#if XSIMD_VERSION_MAJOR >= 13
-  return xsimd::swizzle(b, xsimd::batch_constant<U, Arch, static_cast<U>(base + I / 2)...>());
-#else
-  return xsimd::swizzle(b, xsimd::batch_constant<xsimd::batch<U, Arch>, static_cast<U>(base + I / 2)...>());
-#endif
+  constexpr std::size_t base = High ? sizeof...(I) / 2 : 0;
+  return swizzle_const<T, Arch, static_cast<index_of<T>>(base + I / 2)...>(b);
 }
 }  // namespace detail
 
@@ -230,15 +232,16 @@ inline batch<T, Arch> duplicate_half(batch<T, Arch> const& b) noexcept {
 /// has two uses is then loaded once. (GCC otherwise folds the load into both
 /// instructions and reads memory twice; on a memory-bound kernel that costs.)
 /// No instruction is emitted.
+#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
+#define POSENC_VECTOR_REGISTER "+v"
+#elif (defined(__GNUC__) || defined(__clang__)) && defined(__aarch64__)
+#define POSENC_VECTOR_REGISTER "+w"
+#endif
 template <class T, class Arch>
 inline void keep_in_register(batch<T, Arch>& b) noexcept {
-#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
+#ifdef POSENC_VECTOR_REGISTER
   typename batch<T, Arch>::register_type r = b;
-  __asm__("" : "+v"(r));
-  b = batch<T, Arch>(r);
-#elif (defined(__GNUC__) || defined(__clang__)) && defined(__aarch64__)
-  typename batch<T, Arch>::register_type r = b;
-  __asm__("" : "+w"(r));
+  __asm__("" : POSENC_VECTOR_REGISTER(r));
   b = batch<T, Arch>(r);
 #else
   (void)b;
