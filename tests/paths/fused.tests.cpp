@@ -175,21 +175,21 @@ std::string describe(shape const& s) {
 }  // namespace
 
 TEST_CASE("fused traits derive consistent tile constants", "[fused]") {
-  STATIC_REQUIRE(tile::block_q % tile::width == 0);
-  STATIC_REQUIRE(tile::q_vectors % tile::micro_q == 0);
-  STATIC_REQUIRE(tile::micro_rows * tile::micro_q + tile::micro_q + 1 <= tile::registers);
+  STATIC_REQUIRE(tile::block_q_v % tile::width_v == 0);
+  STATIC_REQUIRE(tile::q_vectors_v % tile::micro_q_v == 0);
+  STATIC_REQUIRE(tile::micro_rows_v * tile::micro_q_v + tile::micro_q_v + 1 <= tile::registers_v);
   using dt = posenc::detail::fused_default_traits<double>;
-  STATIC_REQUIRE(dt::width * 2 == tile::width);
+  STATIC_REQUIRE(dt::width_v * 2 == tile::width_v);
 }
 
 TEST_CASE("fused == reference around every tile and vector width", "[fused]") {
   // Lengths N-1, N, N+1 around the SIMD width, the micro-tile rows, the key tile and the query block.
-  std::vector<index_t> const lens = {1, W - 1, W, W + 1, tile::block_kv - 1, tile::block_kv, tile::block_kv + 1,
-                                     tile::block_q + tile::block_q / 2 + 1};
+  std::vector<index_t> const lens = {1, W - 1, W, W + 1, tile::block_kv_v - 1, tile::block_kv_v, tile::block_kv_v + 1,
+                                     tile::block_q_v + tile::block_q_v / 2 + 1};
   std::vector<index_t> const dims = {1, 5, W - 1, W, W + 1, 2 * W + 3};
   std::uint64_t seed = 11;
   for (index_t sq : lens) {
-    for (index_t sk : {index_t{1}, W + 1, tile::block_kv - 1, tile::block_kv + 1, 2 * tile::block_kv + 5}) {
+    for (index_t sk : {index_t{1}, W + 1, tile::block_kv_v - 1, tile::block_kv_v + 1, 2 * tile::block_kv_v + 5}) {
       shape s;
       s.Sq = sq;
       s.Sk = sk;
@@ -325,8 +325,8 @@ TEST_CASE("fused with a shift-invariant bias (one diagonal per tile) == referenc
   CHECK_FALSE(posenc::compose(paper, key_only).shift_invariant());
 
   std::uint64_t seed = 500;
-  for (index_t sq : {tile::block_q - 1, tile::block_q, tile::block_q + 1, 2 * tile::block_q + 5}) {
-    for (index_t extra : {index_t{0}, tile::block_kv + 3}) {
+  for (index_t sq : {tile::block_q_v - 1, tile::block_q_v, tile::block_q_v + 1, 2 * tile::block_q_v + 5}) {
+    for (index_t extra : {index_t{0}, tile::block_kv_v + 3}) {
       shape s;
       s.B = 2;
       s.Sq = sq;

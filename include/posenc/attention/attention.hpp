@@ -33,19 +33,6 @@ struct dependent_path {
   using type = P;
 };
 
-/// Copy of x into a packed (batch, seq, head, dim) buffer, rotated by enc at
-/// the position ids (batch, seq).
-template <class T, class E>
-view<T> rotated_copy(view<const T> x, aligned_buffer<T>& buf, E const& enc, index_t const* ids, index_t length) {
-  buf = aligned_buffer<T>::uninitialized(x.size());
-  view<T> y = make_bshd(buf.data(), x.batch, x.seq, x.heads, x.dim);
-  for (index_t b = 0; b < x.batch; ++b)
-    for (index_t s = 0; s < x.seq; ++s)
-      for (index_t h = 0; h < x.heads; ++h) std::copy(x.ptr(b, s, h), x.ptr(b, s, h) + x.dim, y.ptr(b, s, h));
-  enc.rotate(y, position_span::ids(ids, x.batch, x.seq), length);
-  return y;
-}
-
 /// Runs one path after validation. `AllowAdditive`: the module applies
 /// additive encodings itself and calls this with its encoder.
 template <class Path, bool AllowAdditive, class T, class E>
@@ -75,48 +62,21 @@ void run_attention(view<const T> q, view<const T> k, view<const T> v, view<T> ou
               "does not produce the scores output; use path::reference or path::materialized)");
     }
     if (plan.batch == 0 || plan.q_len == 0 || plan.q_heads == 0) return;  // nothing to write
+    rotation_plan const rot = plan_rotation<K::rotates_itself>(plan, enc, opt.keys_rotated);
     if constexpr (traits::rotates_queries_keys) {
-      if (plan.k_len > 0 && plan.head_dim > 0) {
-        // length = largest position + 1 (dynamic scalings pick frequencies from it):
-        // the largest key position (keys that are not padding, when there are
-        // any), or a larger query position (queries past the keys: a partial
-        // key range, as in sequence parallelism).
-        index_t kmax = -1, kmax_all = -1, qmax = -1;
-        for (index_t b = 0; b < plan.batch; ++b)
-          for (index_t j = 0; j < plan.k_len; ++j) {
-            index_t const pj = plan.k_position(b, j);
-            kmax_all = std::max(kmax_all, pj);
-            if (j < plan.key_length(b)) kmax = std::max(kmax, pj);
-          }
-        for (index_t p : plan.q_pos) qmax = std::max(qmax, p);
-        index_t const length = std::max(kmax >= 0 ? kmax : kmax_all, qmax) + 1;
-        // Rows at negative positions see no key (validated); rotate them as position 0.
-        std::vector<index_t> qids(plan.q_pos.size());
-        for (std::size_t t = 0; t < qids.size(); ++t) qids[t] = std::max<index_t>(0, plan.q_pos[t]);
-        std::vector<index_t> kids;
-        if (!opt.keys_rotated) {
-          kids.resize(static_cast<std::size_t>(plan.batch * plan.k_len));
-          for (index_t b = 0; b < plan.batch; ++b)
-            for (index_t j = 0; j < plan.k_len; ++j)  // padding keys are never visible
-              kids[b * plan.k_len + j] = j < plan.key_length(b) ? plan.k_position(b, j)
-                                                                : std::min(plan.k_position(b, j), length - 1);
-        }
-        if constexpr (K::rotates_itself) {
-          if (rotation_reserved(enc, length)) {
-            // Rotation inside the kernel's tiles. One row rotated here first
-            // gives any error of the encoder now, before anything is written.
-            std::vector<T> row(static_cast<std::size_t>(plan.head_dim));
-            enc.rotate(make_bshd(row.data(), 1, 1, 1, plan.head_dim), position_span::ids(qids.data(), 1, 1), length);
-            rotation_ids const rot{qids.data(), kids.empty() ? nullptr : kids.data(), length};
-            K::run(plan, q, k, v, out, enc, &rot);
-            return;
-          }
-        }
+      if (rot.route == rotation_route::copies) {
         aligned_buffer<T> qbuf, kbuf;
-        view<const T> const qr = rotated_copy(q, qbuf, enc, qids.data(), length);
-        view<const T> const kr = kids.empty() ? k : rotated_copy(k, kbuf, enc, kids.data(), length);
+        view<const T> const qr = rotated_copy(q, qbuf, enc, rot.q_ids.data(), rot.length);
+        view<const T> const kr = rot.k_ids.empty() ? k : rotated_copy(k, kbuf, enc, rot.k_ids.data(), rot.length);
         K::run(plan, qr, kr, v, out, enc);
         return;
+      }
+      if constexpr (K::rotates_itself) {
+        if (rot.route == rotation_route::in_kernel) {
+          rotation_ids const ids = rot.ids();
+          K::run(plan, q, k, v, out, enc, &ids);
+          return;
+        }
       }
     }
     K::run(plan, q, k, v, out, enc);

@@ -39,11 +39,11 @@ const_rows_map<T> rows_of(view<const T> x, index_t b, index_t h, row_major_t<T>&
 /// s[j] = exp(s[j] - m) over a row (m finite; -inf entries give 0), returns the sum.
 template <class T>
 T exp_shifted_row(T* s, index_t n, T m) noexcept {
-  constexpr index_t w = simd::width<T>;
+  constexpr index_t w_v = simd::width<T>;
   auto const vm = simd::broadcast<T>(m);
   auto vsum = simd::broadcast<T>(T(0));
   index_t j = 0;
-  for (; j + w <= n; j += w) {
+  for (; j + w_v <= n; j += w_v) {
     auto const e = simd::exp(simd::load<T>(s + j) - vm);
     simd::store(s + j, e);
     vsum = vsum + e;
@@ -89,7 +89,7 @@ void materialized_attention(attention_plan<T> const& p, view<const T> q, view<co
     for (index_t i = 0; i < Sq; ++i) {
       T* s = S.row(i).data();
       if constexpr (traits::relative_key_value) {
-        encoder_terms(p, enc, q.ptr(b, i, h), b, h, i, 0, Sk, true, false, tmp.data());
+        encoder_terms<score_term::shaw>(p, enc, q.ptr(b, i, h), b, h, i, 0, Sk, tmp.data());
         for (index_t j = 0; j < Sk; ++j) s[j] += tmp[j];
       }
       capture(i, s, score_stage::raw);
@@ -98,7 +98,7 @@ void materialized_attention(attention_plan<T> const& p, view<const T> q, view<co
       }
       capture(i, s, score_stage::softcapped);
       if constexpr (traits::biases_scores) {
-        encoder_terms(p, enc, q.ptr(b, i, h), b, h, i, 0, Sk, false, true, tmp.data());
+        encoder_terms<score_term::bias>(p, enc, q.ptr(b, i, h), b, h, i, 0, Sk, tmp.data());
         for (index_t j = 0; j < Sk; ++j) s[j] += tmp[j];
       }
       apply_masks(p, b, h, i, 0, Sk, s);

@@ -22,6 +22,11 @@
 //                                         key inside is visible (ignoring masks), so a tiled
 //                                         kernel can skip whole tiles and per-key tests
 //     row_has_visible(b, i)               some key is visible (ignoring masks)
+//   encoder_terms<score_term::shaw | bias>(plan, enc, q_row, b, h, i, j0, n, tmp)
+//                                         one of an encoder's score terms for a run of keys
+//   rotation_plan plan_rotation<KernelRotates>(plan, enc, keys_rotated)
+//                                         how q and k reach the kernel rotated: not at all,
+//                                         inside its tiles, or as rotated copies
 //   apply_masks(plan, b, h, i, j0, n, row) on a row of n scores for keys j0.. of query
 //                                         (b, h, i): keys invisible by visible() or masked by
 //                                         a bool mask (false) or by a short mask key extent
@@ -54,6 +59,7 @@
 #include <vector>
 
 #include "posenc/attention/options.hpp"
+#include "posenc/core/aligned_buffer.hpp"
 #include "posenc/core/error.hpp"
 #include "posenc/core/positions.hpp"
 #include "posenc/core/span.hpp"
@@ -209,37 +215,34 @@ void for_each_key_run(attention_plan<T> const& plan, index_t b, index_t j0, inde
   }
 }
 
-/// Adds the encoder's score terms for keys j0 .. j0 + n - 1 of (b, h, i) into
-/// `tmp[n]` (zeroed first): Shaw's scale * q.aK (relative_key_value) when
-/// `shaw`, the score bias (biases_scores) when `bias`. Rows at a negative
-/// position (no visible key) get no terms.
-template <class T, class E>
+/// Which of an encoder's score terms encoder_terms adds.
+enum class score_term {
+  shaw,  ///< Shaw's scale * q.aK(p_j - p_i) (relative_key_value encoders)
+  bias,  ///< the score bias b(h, p_i, p_j) (biases_scores encoders)
+};
+
+/// Writes the encoder's `Term` for keys j0 .. j0 + n - 1 of (b, h, i) into
+/// `tmp[n]` (zeros when the encoder has no such term). Rows at a negative
+/// position (no visible key) get zeros.
+template <score_term Term, class T, class E>
 void encoder_terms(attention_plan<T> const& plan, E const& enc, T const* q_row, index_t b, index_t h,
-                   index_t i, index_t j0, index_t n, bool shaw, bool bias, T* tmp) noexcept {
+                   index_t i, index_t j0, index_t n, T* tmp) noexcept {
   for (index_t t = 0; t < n; ++t) tmp[t] = T(0);
   index_t const pi = plan.q_position(b, i);
   if (pi < 0) return;
   using traits = encoder_traits<E>;
-  if constexpr (traits::relative_key_value) {
-    if (shaw) {
-      T const sc = static_cast<T>(plan.scale);
-      for_each_key_run(plan, b, j0, n, [&](index_t kp, index_t t0, index_t len) {
-        enc.score_row(q_row, pi, kp, len, sc, tmp + t0);
-      });
-    }
+  if constexpr (Term == score_term::shaw && traits::relative_key_value) {
+    T const sc = static_cast<T>(plan.scale);
+    for_each_key_run(plan, b, j0, n, [&](index_t kp, index_t t0, index_t len) {
+      enc.score_row(q_row, pi, kp, len, sc, tmp + t0);
+    });
+  } else if constexpr (Term == score_term::bias && traits::biases_scores) {
+    for_each_key_run(plan, b, j0, n, [&](index_t kp, index_t t0, index_t len) {
+      enc.bias_row(h, pi, kp, len, tmp + t0);
+    });
+  } else {
+    (void)enc, (void)q_row, (void)h;
   }
-  if constexpr (traits::biases_scores) {
-    if (bias) {
-      for_each_key_run(plan, b, j0, n, [&](index_t kp, index_t t0, index_t len) {
-        enc.bias_row(h, pi, kp, len, tmp + t0);
-      });
-    }
-  }
-  (void)enc;
-  (void)q_row;
-  (void)h;
-  (void)shaw;
-  (void)bias;
 }
 
 /// Adds Shaw's value term sum_j p[j] aV(p_j - p_i) for keys j0 .. j0 + n - 1
@@ -429,6 +432,83 @@ attention_plan<T> make_plan(view<const T> q, view<const T> k, view<const T> v, v
   p.stage = opt.scores_stage;
   p.threads = opt.threads;
   return p;
+}
+
+/// How q and k reach a kernel rotated (encoders with rotates_queries_keys).
+enum class rotation_route {
+  none,       ///< nothing to rotate (no rotation, no key or a zero head dim)
+  in_kernel,  ///< the kernel rotates each query block and key tile as it loads it
+  copies,     ///< the entry point passes rotated copies of q (and of k)
+};
+
+/// The rotation of one call: its route, the position id of every query row
+/// and key, and the length the encoder is asked for.
+struct rotation_plan {
+  rotation_route route = rotation_route::none;
+  index_t length = 0;          // largest position + 1
+  std::vector<index_t> q_ids;  // (batch, q_len), >= 0
+  std::vector<index_t> k_ids;  // (batch, k_len); empty: keys arrive rotated
+  rotation_ids ids() const noexcept { return {q_ids.data(), k_ids.empty() ? nullptr : k_ids.data(), length}; }
+};
+
+/// Plans the rotation of a validated call. `KernelRotates`: the kernel can
+/// rotate its own tiles; it is asked to when the encoder reports its rotation
+/// reserved for the call's length (then one row is rotated here first, so
+/// that any error of the encoder is thrown now, before anything is written).
+template <bool KernelRotates, class T, class E>
+rotation_plan plan_rotation(attention_plan<T> const& plan, E const& enc, bool keys_rotated) {
+  rotation_plan r;
+  if constexpr (encoder_traits<E>::rotates_queries_keys) {
+    if (plan.k_len == 0 || plan.head_dim == 0) return r;
+    // length = largest position + 1 (dynamic scalings pick frequencies from
+    // it): the largest key position (keys that are not padding, when there
+    // are any), or a larger query position (queries past the keys: a partial
+    // key range, as in sequence parallelism).
+    index_t kmax = -1, kmax_all = -1, qmax = -1;
+    for (index_t b = 0; b < plan.batch; ++b)
+      for (index_t j = 0; j < plan.k_len; ++j) {
+        index_t const pj = plan.k_position(b, j);
+        kmax_all = std::max(kmax_all, pj);
+        if (j < plan.key_length(b)) kmax = std::max(kmax, pj);
+      }
+    for (index_t p : plan.q_pos) qmax = std::max(qmax, p);
+    r.length = std::max(kmax >= 0 ? kmax : kmax_all, qmax) + 1;
+    // Rows at negative positions see no key (validated); rotate them as position 0.
+    r.q_ids.resize(plan.q_pos.size());
+    for (std::size_t t = 0; t < r.q_ids.size(); ++t) r.q_ids[t] = std::max<index_t>(0, plan.q_pos[t]);
+    if (!keys_rotated) {
+      r.k_ids.resize(static_cast<std::size_t>(plan.batch * plan.k_len));
+      for (index_t b = 0; b < plan.batch; ++b)
+        for (index_t j = 0; j < plan.k_len; ++j)  // padding keys are never visible
+          r.k_ids[b * plan.k_len + j] = j < plan.key_length(b) ? plan.k_position(b, j)
+                                                                 : std::min(plan.k_position(b, j), r.length - 1);
+    }
+    r.route = rotation_route::copies;
+    if constexpr (KernelRotates) {
+      if (rotation_reserved(enc, r.length)) {
+        std::vector<T> row(static_cast<std::size_t>(plan.head_dim));
+        enc.rotate(make_bshd(row.data(), 1, 1, 1, plan.head_dim), position_span::ids(r.q_ids.data(), 1, 1),
+                   r.length);
+        r.route = rotation_route::in_kernel;
+      }
+    }
+  } else {
+    (void)plan, (void)enc, (void)keys_rotated;
+  }
+  return r;
+}
+
+/// Copy of x into a packed (batch, seq, head, dim) buffer, rotated by enc at
+/// the position ids (batch, seq).
+template <class T, class E>
+view<T> rotated_copy(view<const T> x, aligned_buffer<T>& buf, E const& enc, index_t const* ids, index_t length) {
+  buf = aligned_buffer<T>::uninitialized(x.size());
+  view<T> y = make_bshd(buf.data(), x.batch, x.seq, x.heads, x.dim);
+  for (index_t b = 0; b < x.batch; ++b)
+    for (index_t s = 0; s < x.seq; ++s)
+      for (index_t h = 0; h < x.heads; ++h) std::copy(x.ptr(b, s, h), x.ptr(b, s, h) + x.dim, y.ptr(b, s, h));
+  enc.rotate(y, position_span::ids(ids, x.batch, x.seq), length);
+  return y;
 }
 
 }  // namespace posenc::detail

@@ -43,7 +43,7 @@ void reference_attention(attention_plan<T> const& p, view<const T> q, view<const
         s[j] = scale * dot;
       }
       if constexpr (traits::relative_key_value) {
-        encoder_terms(p, enc, qi, b, h, i, 0, Sk, true, false, tmp.data());
+        encoder_terms<score_term::shaw>(p, enc, qi, b, h, i, 0, Sk, tmp.data());
         for (index_t j = 0; j < Sk; ++j) s[j] += static_cast<Acc>(tmp[j]);
       }
       capture(i, score_stage::raw);
@@ -52,7 +52,7 @@ void reference_attention(attention_plan<T> const& p, view<const T> q, view<const
       }
       capture(i, score_stage::softcapped);
       if constexpr (traits::biases_scores) {
-        encoder_terms(p, enc, qi, b, h, i, 0, Sk, false, true, tmp.data());
+        encoder_terms<score_term::bias>(p, enc, qi, b, h, i, 0, Sk, tmp.data());
         for (index_t j = 0; j < Sk; ++j) s[j] += static_cast<Acc>(tmp[j]);
       }
       apply_masks(p, b, h, i, 0, Sk, s.data());

@@ -1,0 +1,176 @@
+// SPDX-License-Identifier: MIT
+// path::fused, room 9: the row-kernel driver: decode walk, key split across threads, log-sum-exp merge.
+#pragma once
+
+// What this room holds: how the row kernel's work is cut into items and put
+// back together. On the decode path (no Shaw terms) an item is (batch entry,
+// key chunk) and walks every kv head tile by tile, so the cache is read once,
+// in memory order. With Shaw terms an item is (b, kv head, row group, key
+// chunk). When keys are split into chunks (few items, several threads), each
+// chunk leaves a partial (max, sum, output) per row, and `merge_partials`
+// combines them by the log-sum-exp rule (docs/formulas.md 5.5).
+// May include: the fused/ rooms above it, attention/plan.hpp, core/.
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <utility>
+#include <vector>
+
+#include "posenc/attention/fused/row_kernel.hpp"
+#include "posenc/attention/fused/scratch.hpp"
+#include "posenc/attention/fused/softmax.hpp"
+#include "posenc/attention/fused/traits.hpp"
+#include "posenc/attention/plan.hpp"
+#include "posenc/core/aligned_buffer.hpp"
+#include "posenc/core/threading.hpp"
+
+namespace posenc::detail::fused {
+
+/// Decode: rows [0, R) of every kv head of batch entry b (R below a lane
+/// block, in groups of row_group_v) against keys [j0, j1), walking the keys
+/// tile by tile with all heads of a tile together, so that the cache is read
+/// as one front moving through memory; every group of a head reuses the
+/// head's tile from cache. The hardware prefetchers follow this front:
+/// software prefetch of the next tile made it slower. `states(hk, grp)` gives
+/// the state of a row group; rr holds kv_heads * groups entries.
+template <class Tr, class T, class E, class StateOf>
+void decode_item(attention_plan<T> const& p, view<const T> q, view<const T> k, view<const T> v, E const& enc,
+                 index_t b, index_t j0, index_t j1, rotation_ids const* rot, row_scratch<Tr> const& sc,
+                 row_rows<Tr>* rr, StateOf const& states) noexcept {
+  constexpr index_t rg_v = Tr::row_group_v, bk_v = Tr::block_kv_v;
+  index_t const kv_heads = p.kv_heads, rows = p.q_len * p.group, groups = (rows + rg_v - 1) / rg_v;
+  index_t first = j1, last = j0;
+  for (index_t u = 0; u < kv_heads * groups; ++u) {
+    index_t const hk = u / groups, r0 = u % groups * rg_v;
+    row_begin<Tr>(p, q, enc, b, hk, r0, std::min(rg_v, rows - r0), j0, j1, rot, sc.qbuf + u * rg_v * p.head_dim,
+                  rr[u], states(hk, u % groups));
+    if (rr[u].first < rr[u].last) {
+      first = std::min(first, rr[u].first);
+      last = std::max(last, rr[u].last);
+    }
+  }
+  for (index_t t0 = first; t0 < last; t0 += bk_v) {
+    index_t const nk = std::min(bk_v, last - t0);
+    for (index_t u = 0; u < kv_heads * groups; ++u) {
+      // This group's own visible union, clipped to the tile.
+      index_t const a = std::max(t0, rr[u].first), e = std::min(t0 + nk, rr[u].last);
+      if (a < e) row_tile<Tr>(p, k, v, enc, b, u / groups, rr[u], a, e - a, rot, sc, states(u / groups, u % groups));
+    }
+  }
+}
+
+/// How the keys are split: `chunks` ranges of `chunk_len` keys (a multiple of
+/// the tile), so that `work` units x chunks keep every thread busy.
+struct key_split {
+  index_t chunks = 1, chunk_len = 0;
+};
+template <class Tr>
+key_split split_keys(index_t keys, index_t work, int threads) noexcept {
+  constexpr index_t bk_v = Tr::block_kv_v;
+  index_t chunks = 1;
+  if (threads > 1 && work < 2 * threads && keys >= 2 * bk_v)
+    chunks = std::min<index_t>((2 * threads + work - 1) / work, (keys + bk_v - 1) / bk_v);
+  key_split s;
+  s.chunk_len = ((keys + chunks - 1) / chunks + bk_v - 1) / bk_v * bk_v;
+  s.chunks = s.chunk_len > 0 ? std::max<index_t>(1, (keys + s.chunk_len - 1) / s.chunk_len) : 1;
+  return s;
+}
+
+/// The log-sum-exp merge: the partial states of row g in chunks 0 .. n - 1
+/// (state c at m[c * stride], l[c * stride], o + c * stride * value_dim) are
+/// combined into chunk 0's output, rescaled to the common max. Returns
+/// (max, sum) of the merged row; max = -inf and sum = 0 when no chunk saw a key.
+template <class T>
+std::pair<T, T> merge_partials(T const* m, T const* l, T* o, index_t n, index_t stride, index_t value_dim) noexcept {
+  T mx = -std::numeric_limits<T>::infinity();
+  for (index_t c = 0; c < n; ++c) mx = std::max(mx, m[c * stride]);
+  if (mx == -std::numeric_limits<T>::infinity()) return {mx, T(0)};
+  T const w0 = std::exp(m[0] - mx);
+  for (index_t d = 0; d < value_dim; ++d) o[d] *= w0;
+  T sum = l[0] * w0;
+  for (index_t c = 1; c < n; ++c) {
+    T const w = std::exp(m[c * stride] - mx);
+    sum += l[c * stride] * w;
+    T const* oc = o + c * stride * value_dim;
+    for (index_t d = 0; d < value_dim; ++d) o[d] += w * oc[d];
+  }
+  return {mx, sum};
+}
+
+/// Writes row (b, i, h) from (max, sum, unnormalised output) and its log-sum-exp.
+template <class T>
+void finish_row(attention_plan<T> const& p, view<T> out, index_t b, index_t h, index_t i, T m, T l,
+                T const* o) noexcept {
+  p.set_lse(b, h, i, normalize_row(out.ptr(b, i, h), p.value_dim, o, 1, m, l));
+}
+
+/// The row kernel over a validated plan: decode items (no Shaw terms) or
+/// per-head row items, split over key chunks when that keeps the threads
+/// busy, then merged.
+template <class Tr, class T, class E>
+void run_row_kernel(attention_plan<T> const& p, view<const T> q, view<const T> k, view<const T> v, view<T> out,
+                    E const& enc, rotation_ids const* rot) {
+  constexpr index_t rg_v = Tr::row_group_v;
+  constexpr bool decode_v = !encoder_traits<E>::relative_key_value;
+  index_t const kv_heads = p.kv_heads, group = p.group, rows = p.q_len * group, value_dim = p.value_dim;
+  int const threads = loop_threads(p.threads);
+  index_t const groups = (rows + rg_v - 1) / rg_v;
+  index_t const items = p.batch * kv_heads * groups;  // (b, hk, group): the states' layout
+  index_t const work = decode_v ? p.batch : items;     // units split into key chunks
+  key_split const split = split_keys<Tr>(p.k_len, work, threads);
+  index_t const chunks = split.chunks;
+  index_t const query_rows = decode_v ? kv_heads * groups * rg_v : rg_v;
+  index_t const per_thread = scratch_elements<row_scratch<Tr>>(p.head_dim, query_rows);
+  auto scratch = aligned_buffer<T>::uninitialized(per_thread * threads);
+  // Partial states (m, l, o) of every (item, chunk) when split or decoding;
+  // otherwise one item per thread.
+  bool const all_states = chunks > 1 || decode_v;
+  index_t const state_rows = rg_v * (all_states ? items * chunks : threads);
+  auto states = aligned_buffer<T>::uninitialized(state_rows * (value_dim + 2));
+  T* const ms = states.data();
+  T* const ls = ms + state_rows;
+  T* const os = ls + state_rows;
+  std::vector<row_rows<Tr>> rrs(static_cast<std::size_t>(decode_v ? kv_heads * groups * threads : 0));
+  parallel_for(work * chunks, threads, [&](index_t it) {
+    index_t const u = it / chunks, ch = it % chunks;
+    int const tid = std::min(thread_index(), threads - 1);
+    auto const sc = carve_scratch<row_scratch<Tr>>(scratch.data() + tid * per_thread, per_thread, p.head_dim,
+                                                   query_rows);
+    index_t const j0 = ch * split.chunk_len, j1 = std::min(p.k_len, j0 + split.chunk_len);
+    if constexpr (decode_v) {
+      index_t const b = u;
+      auto state_of = [&](index_t hk, index_t grp) {
+        index_t const slot = (((b * kv_heads + hk) * groups + grp) * chunks + ch) * rg_v;
+        return row_state<T>{ms + slot, ls + slot, os + slot * value_dim};
+      };
+      decode_item<Tr>(p, q, k, v, enc, b, j0, j1, rot, sc, rrs.data() + tid * kv_heads * groups, state_of);
+    } else {
+      index_t const bh = u / groups, grp = u % groups;
+      index_t const b = bh / kv_heads, hk = bh % kv_heads;
+      index_t const r0 = grp * rg_v, ng = std::min(rg_v, rows - r0);
+      index_t const slot = all_states ? it * rg_v : static_cast<index_t>(tid) * rg_v;
+      row_state<T> const st{ms + slot, ls + slot, os + slot * value_dim};
+      row_item<Tr>(p, q, k, v, enc, b, hk, r0, ng, j0, j1, rot, sc, st);
+      if (!all_states) {
+        for (index_t g = 0; g < ng; ++g)
+          finish_row(p, out, b, hk * group + (r0 + g) % group, (r0 + g) / group, st.m[g], st.l[g],
+                     st.o + g * value_dim);
+      }
+    }
+  });
+  if (!all_states) return;
+  parallel_for(items, threads, [&](index_t item) {
+    index_t const bh = item / groups, grp = item % groups;
+    index_t const b = bh / kv_heads, hk = bh % kv_heads;
+    index_t const r0 = grp * rg_v, ng = std::min(rg_v, rows - r0);
+    index_t const slot0 = item * chunks * rg_v;  // chunk 0's rows receive the merge
+    for (index_t g = 0; g < ng; ++g) {
+      T* o = os + (slot0 + g) * value_dim;
+      auto const [mx, sum] = merge_partials(ms + slot0 + g, ls + slot0 + g, o, chunks, rg_v, value_dim);
+      finish_row(p, out, b, hk * group + (r0 + g) % group, (r0 + g) / group, mx, sum, o);
+    }
+  });
+}
+
+}  // namespace posenc::detail::fused

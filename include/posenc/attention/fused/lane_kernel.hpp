@@ -1,0 +1,350 @@
+// SPDX-License-Identifier: MIT
+// path::fused, room 7: the lane kernel (prefill): query rows along the SIMD lanes, one key tile at a time.
+#pragma once
+
+// A work item is (batch, kv head, a run of query blocks); its rows are the
+// pairs (query i, query head of the kv group), so every K/V tile is loaded
+// once for all query heads of a group. Per query block of block_q_v rows:
+//   qt  (head_dim, block_q_v)   the block's queries, transposed once
+//   st  (block_kv_v, block_q_v) scores of one key tile: st[j][l] = k_j . q_l
+//                               (broadcast k_j[d], FMA with the row qt[d]);
+//                               K is read in place, never packed or transposed
+//   ot  (value_dim, block_q_v)  output, transposed: ot[d][l] += v_j[d] * p[j][l]
+// The softmax statistics are vectors over lanes (fused/softmax.hpp). What a
+// tile is for a block (skipped, full, bounded, diagonal, per-key) comes from
+// plan_tile (fused/tile_plan.hpp); the steps below follow it.
+// May include: the fused/ rooms above it, attention/plan.hpp, encoding/, core/.
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "posenc/attention/fused/micro_kernels.hpp"
+#include "posenc/attention/fused/rotary.hpp"
+#include "posenc/attention/fused/scratch.hpp"
+#include "posenc/attention/fused/softmax.hpp"
+#include "posenc/attention/fused/tile_plan.hpp"
+#include "posenc/attention/fused/traits.hpp"
+#include "posenc/attention/plan.hpp"
+#include "posenc/core/aligned_buffer.hpp"
+#include "posenc/core/threading.hpp"
+
+namespace posenc::detail::fused {
+
+/// Per-thread scratch of the lane kernel, described once by lay_out.
+template <class Tr>
+struct lane_scratch {
+  using value_type = typename Tr::value_type;
+  using T = value_type;
+  struct block_buffers {
+    T* qt;     // (head_dim, block_q_v) transposed queries
+    T* ot;     // (value_dim, block_q_v) transposed unnormalised output
+    T* m;      // (block_q_v) running max
+    T* l;      // (block_q_v) running sum
+    T* alpha;  // (block_q_v) rescale factor of the last tile
+  };
+  block_buffers blocks[Tr::blocks_per_item_v];
+  T* st;     // (block_kv_v, block_q_v) scores, then probabilities
+  T* bt;     // (block_kv_v, block_q_v) per-key terms, transposed
+  T* brow;   // (block_q_v, block_kv_v) per-key terms, row by row
+  T* rlo;    // (block_q_v) first visible key of each lane, tile-relative
+  T* rhi;    // (block_q_v) end of the visible keys of each lane
+  T* ktile;  // (block_kv_v, head_dim) a rotated key tile
+  T* qrows;  // (block_q_v, head_dim) query rows being rotated
+  T* diag;   // (block_kv_v + block_q_v) one diagonal of a shift-invariant bias
+
+  template <class Taker>
+  void lay_out(Taker& c, index_t head_dim, index_t value_dim) {
+    constexpr index_t bq_v = Tr::block_q_v, bk_v = Tr::block_kv_v;
+    for (block_buffers& bb : blocks) {
+      bb.qt = c.take(head_dim * bq_v);
+      bb.ot = c.take(value_dim * bq_v);
+      bb.m = c.take(bq_v);
+      bb.l = c.take(bq_v);
+      bb.alpha = c.take(bq_v);
+    }
+    st = c.take(bk_v * bq_v);
+    bt = c.take(bk_v * bq_v);
+    brow = c.take(bq_v * bk_v);
+    rlo = c.take(bq_v);
+    rhi = c.take(bq_v);
+    ktile = c.take(bk_v * head_dim);
+    qrows = c.take(bq_v * head_dim);
+    diag = c.take(bk_v + bq_v);
+  }
+};
+
+/// What every step of one work item shares: the call, the item's (b, kv head)
+/// and the per-call decisions.
+template <class Tr, class E>
+struct lane_item_context {
+  using T = typename Tr::value_type;
+  attention_plan<T> const& p;
+  view<const T> q, k, v;
+  view<T> out;
+  E const& enc;
+  rotation_ids const* rot;  // rotate queries and key tiles here; null: they arrive rotated
+  index_t b, hk;
+  bool per_key_terms;  // a bias or masks, per (row, key) unless a diagonal applies
+  bool diagonal_bias;  // a shift-invariant bias without masks
+};
+
+/// Block setup: fills the transposed (rotated) queries, zero output, empty
+/// statistics and the visible key ranges of blocks [blk0, blk0 + nb).
+/// Returns the union [first, last) of the keys any of their rows sees.
+template <class Tr, class E>
+key_range lane_begin_blocks(lane_item_context<Tr, E> const& c, lane_scratch<Tr> const& sc, block_keys<Tr>* keys,
+                            index_t blk0, index_t nb) noexcept {
+  using T = typename Tr::value_type;
+  constexpr index_t bq_v = Tr::block_q_v;
+  attention_plan<T> const& p = c.p;
+  index_t const head_dim = p.head_dim, group = p.group, rows = p.q_len * group;
+  index_t rid[bq_v];
+  key_range all{far_key_v, 0, false};
+  for (index_t t = 0; t < nb; ++t) {
+    auto const& bb = sc.blocks[t];
+    block_keys<Tr>& bk = keys[t];
+    bk.reset((blk0 + t) * bq_v, std::min(bq_v, rows - (blk0 + t) * bq_v));
+    std::fill(bb.qt, bb.qt + head_dim * bq_v, T(0));
+    std::fill(bb.ot, bb.ot + p.value_dim * bq_v, T(0));
+    std::fill(bb.m, bb.m + bq_v, -std::numeric_limits<T>::infinity());
+    std::fill(bb.l, bb.l + bq_v, T(0));
+    for (index_t l = 0; l < bk.rows; ++l) {
+      index_t const r = bk.row0 + l, i = r / group, h = c.hk * group + r % group;
+      T const* qi = c.q.ptr(c.b, i, h);
+      if (c.rot) {
+        std::copy(qi, qi + head_dim, sc.qrows + l * head_dim);
+        rid[l] = c.rot->q[c.b * p.q_len + i];
+      } else {
+        for (index_t d = 0; d < head_dim; ++d) bb.qt[d * bq_v + l] = qi[d];
+      }
+      bk.add_row(l, p.visible_range(c.b, i, 0, p.k_len));
+    }
+    // One head, consecutive positions: a shift-invariant bias is a function
+    // of j - l over the tile (one diagonal, see lane_tile_terms).
+    bk.q0 = bk.rows > 0 ? p.q_position(c.b, bk.row0 / group) : 0;
+    bk.shifts = c.diagonal_bias && group == 1 && bk.q0 >= 0;
+    for (index_t l = 1; l < bk.rows && bk.shifts; ++l) bk.shifts = p.q_position(c.b, bk.row0 + l) == bk.q0 + l;
+    if (c.rot) {  // each query block rotated once, then transposed
+      rotate_query_rows(p, c.enc, *c.rot, rid, bk.rows, sc.qrows);
+      for (index_t l = 0; l < bk.rows; ++l)
+        for (index_t d = 0; d < head_dim; ++d) bb.qt[d * bq_v + l] = sc.qrows[l * head_dim + d];
+    }
+    bk.close();
+    all.first = std::min(all.first, bk.first);
+    all.last = std::max(all.last, bk.last);
+  }
+  return all;
+}
+
+/// Lane vectors of a block that hold rows, rounded up to whole micro-tiles.
+template <class Tr>
+index_t lane_vectors(index_t rows) noexcept {
+  constexpr index_t w_v = Tr::width_v, mq_v = Tr::micro_q_v;
+  return ((rows + w_v - 1) / w_v + mq_v - 1) / mq_v * mq_v;
+}
+
+/// Tile scores: st (keys, block_q_v) = K qt for the lanes that hold rows.
+template <class Tr>
+void lane_tile_scores(typename Tr::value_type const* kt, index_t ldk, index_t keys, index_t head_dim,
+                      typename Tr::value_type const* qt, index_t nvec, typename Tr::value_type* st) noexcept {
+  constexpr index_t w_v = Tr::width_v, bq_v = Tr::block_q_v, mq_v = Tr::micro_q_v;
+  for (index_t g = 0; g < nvec / mq_v; ++g) {
+    row_blocks<Tr::micro_rows_v>(keys, [&](index_t r0, auto mr) {
+      score_micro<Tr, decltype(mr)::value, mq_v>(kt + r0 * ldk, ldk, qt + g * mq_v * w_v, bq_v, head_dim,
+                                                 st + r0 * bq_v + g * mq_v * w_v, bq_v);
+    });
+  }
+}
+
+/// Tile bias and visibility: prepares what the tile's kind adds to the
+/// scores: the diagonal (diag), the per-key terms transposed (bt, -inf where
+/// invisible or masked) or the per-lane bounds (rlo, rhi).
+template <class Tr, class E>
+void lane_tile_terms(lane_item_context<Tr, E> const& c, lane_scratch<Tr> const& sc, block_keys<Tr> const& bk,
+                     tile_plan const& tp, index_t t0, index_t nk, index_t nvec) noexcept {
+  using T = typename Tr::value_type;
+  using A = typename Tr::arch;
+  using B = typename Tr::batch;
+  constexpr index_t w_v = Tr::width_v, bq_v = Tr::block_q_v, bk_v = Tr::block_kv_v;
+  attention_plan<T> const& p = c.p;
+  if constexpr (encoder_traits<E>::biases_scores) {
+    if (tp.adds_diagonal()) {
+      // Lane l at position q0 + l, key j at k0 + j: bias(l, j) = f(k0 - q0 + j - l).
+      // diag[u] holds f at distance k0 - q0 + nk - 1 - u (u = 0 .. nk + bq_v - 2),
+      // so lanes o .. o + w_v - 1 of key j read diag[nk - 1 - j + o ..] in order.
+      index_t const n = nk + bq_v - 1;
+      std::fill(sc.diag, sc.diag + n, T(0));
+      c.enc.bias_row(c.hk, bk.q0 + bq_v - 1, p.k_position(c.b, t0), n, sc.diag);  // distances ascending
+      std::reverse(sc.diag, sc.diag + n);
+    }
+  }
+  if (tp.has_bounds()) {
+    for (index_t l = 0; l < bq_v; ++l) {
+      sc.rlo[l] = static_cast<T>(std::clamp<index_t>(bk.lo[l] - t0, -1, bk_v + 1));
+      sc.rhi[l] = static_cast<T>(std::clamp<index_t>(bk.hi[l] - t0, -1, bk_v + 1));
+    }
+  }
+  if (tp.kind != tile_kind::per_key) return;
+  // One row per query in brow (bq_v, bk_v), then transposed into bt by
+  // w_v x w_v register blocks.
+  index_t const keys = tp.keys, group = p.group;
+  for (index_t l = 0; l < bq_v; ++l) {
+    T* row = sc.brow + l * bk_v;
+    if (l >= bk.rows) {
+      std::fill(row, row + keys, -std::numeric_limits<T>::infinity());
+      continue;
+    }
+    index_t const r = bk.row0 + l, i = r / group, h = c.hk * group + r % group;
+    encoder_terms<score_term::bias>(p, c.enc, c.q.ptr(c.b, i, h), c.b, h, i, t0, keys, row);
+    if (!bk.lane_covers(l, t0, keys) || p.has_masks()) apply_masks(p, c.b, h, i, t0, keys, row);
+  }
+  for (index_t l0 = 0; l0 < nvec * w_v; l0 += w_v) {
+    for (index_t j0 = 0; j0 < keys; j0 += w_v) {
+      B blk[w_v];
+      for (index_t t = 0; t < w_v; ++t) blk[t] = simd::load<T, A>(sc.brow + (l0 + t) * bk_v + j0);
+      simd::transpose(blk);
+      for (index_t t = 0; t < w_v; ++t) simd::store(sc.bt + (j0 + t) * bq_v + l0, blk[t]);
+    }
+  }
+}
+
+/// The logits of one tile for lane_softmax_update: scale, softcap, then what
+/// the tile kind adds (per-key terms, or the diagonal and per-lane bounds).
+template <class Tr>
+struct lane_logits {
+  using T = typename Tr::value_type;
+  using A = typename Tr::arch;
+  using B = typename Tr::batch;
+  T scale, cap, inv_cap;
+  tile_plan tp;
+  index_t nk;  // keys of the tile (the diagonal's offset)
+  T const *bt, *diag, *rlo, *rhi;
+
+  /// Lanes o .. o + width - 1: the bounds loaded once for all keys.
+  struct at_lanes {
+    lane_logits const& f;
+    index_t o;
+    B lo, hi;
+    bool per_key, diagonal, bounds;
+    B operator()(index_t j, B s) const noexcept {
+      s = s * B(f.scale);
+      if (f.cap > 0) s = B(f.cap) * simd::tanh(s * B(f.inv_cap));
+      if (per_key) return s + simd::load<T, A>(f.bt + j * Tr::block_q_v + o);
+      if (diagonal) s = s + simd::load<T, A>(f.diag + (f.nk - 1 - j) + o);
+      if (bounds) {
+        B const jj(static_cast<T>(j));
+        s = simd::select((jj >= lo) & (jj < hi), s, B(-std::numeric_limits<T>::infinity()));
+      }
+      return s;
+    }
+  };
+  at_lanes at(index_t o) const noexcept {
+    return {*this, o, simd::load<T, A>(rlo + o), simd::load<T, A>(rhi + o), tp.kind == tile_kind::per_key,
+            tp.adds_diagonal(), tp.has_bounds()};
+  }
+};
+
+/// Tile values: ot = alpha * ot + V^T p for the lanes that hold rows (p: the
+/// tile's probabilities in st, alpha: the rescale factors of the softmax update).
+template <class Tr>
+void lane_tile_values(typename Tr::value_type const* vt, index_t ldv, index_t keys, index_t value_dim,
+                      typename Tr::value_type const* st, index_t nvec, typename Tr::value_type const* alpha,
+                      typename Tr::value_type* ot) noexcept {
+  constexpr index_t w_v = Tr::width_v, bq_v = Tr::block_q_v, mq_v = Tr::micro_q_v;
+  for (index_t g = 0; g < nvec / mq_v; ++g) {
+    row_blocks<Tr::micro_rows_v>(value_dim, [&](index_t d0, auto mr) {
+      value_micro<Tr, decltype(mr)::value, mq_v>(vt + d0, ldv, keys, st + g * mq_v * w_v, bq_v, alpha + g * mq_v * w_v,
+                                                 ot + d0 * bq_v + g * mq_v * w_v, bq_v);
+    });
+  }
+}
+
+/// Finish: normalises each row of blocks [0, nb) into out (b, i, h, :) and
+/// writes its log-sum-exp.
+template <class Tr, class E>
+void lane_finish_blocks(lane_item_context<Tr, E> const& c, lane_scratch<Tr> const& sc, block_keys<Tr> const* keys,
+                        index_t nb) noexcept {
+  using T = typename Tr::value_type;
+  index_t const group = c.p.group;
+  for (index_t t = 0; t < nb; ++t) {
+    auto const& bb = sc.blocks[t];
+    for (index_t l = 0; l < keys[t].rows; ++l) {
+      index_t const r = keys[t].row0 + l, i = r / group, h = c.hk * group + r % group;
+      T const lse = normalize_row(c.out.ptr(c.b, i, h), c.p.value_dim, bb.ot + l, Tr::block_q_v, bb.m[l], bb.l[l]);
+      c.p.set_lse(c.b, h, i, lse);
+    }
+  }
+}
+
+/// One work item of the lane kernel: (b, kv head hk), query blocks
+/// [blk0, blk1), every key tile any of their rows sees.
+template <class Tr, class E>
+void lane_item(lane_item_context<Tr, E> const& c, lane_scratch<Tr> const& sc, index_t blk0, index_t blk1) noexcept {
+  using T = typename Tr::value_type;
+  constexpr index_t bq_v = Tr::block_q_v, bk_v = Tr::block_kv_v;
+  attention_plan<T> const& p = c.p;
+  index_t const nb = blk1 - blk0, head_dim = p.head_dim;
+  block_keys<Tr> keys[Tr::blocks_per_item_v];
+  key_range const span = lane_begin_blocks(c, sc, keys, blk0, nb);
+  lane_logits<Tr> logit{static_cast<T>(p.scale), static_cast<T>(p.softcap),
+                        p.softcap > 0 ? T(1) / static_cast<T>(p.softcap) : T(0), {}, 0, sc.bt, sc.diag, sc.rlo, sc.rhi};
+  index_t const t_begin = span.first >= span.last ? 0 : span.first / bk_v * bk_v;
+  for (index_t t0 = t_begin; t0 < span.last; t0 += bk_v) {
+    index_t const nk = std::min(bk_v, span.last - t0);
+    T const* kt = c.k.ptr(c.b, t0, c.hk);
+    index_t ldk = c.k.seq_stride;
+    T const* vt = c.v.ptr(c.b, t0, c.hk);
+    // The tile's keys at consecutive positions (once per tile, for every block).
+    bool const diagonal_ready = c.diagonal_bias && keys_consecutive(p, c.b, t0, nk);
+    for (index_t t = 0; t < nb; ++t) {
+      tile_plan const tp = plan_tile(keys[t], t0, nk, c.per_key_terms, diagonal_ready);
+      if (tp.kind == tile_kind::skipped) continue;
+      if (c.rot && c.rot->k && kt != sc.ktile) {  // rotated once, for every block that uses the tile
+        rotate_key_tile(p, c.k, c.enc, *c.rot, c.b, c.hk, t0, nk, sc.ktile);
+        kt = sc.ktile;
+        ldk = head_dim;
+      }
+      auto const& bb = sc.blocks[t];
+      index_t const nvec = lane_vectors<Tr>(keys[t].rows);
+      lane_tile_scores<Tr>(kt, ldk, tp.keys, head_dim, bb.qt, nvec, sc.st);
+      lane_tile_terms(c, sc, keys[t], tp, t0, nk, nvec);
+      logit.tp = tp;
+      logit.nk = nk;
+      lane_softmax_update<Tr>(sc.st, bq_v, tp.keys, nvec, bb.m, bb.l, bb.alpha, logit);
+      lane_tile_values<Tr>(vt, c.v.seq_stride, tp.keys, p.value_dim, sc.st, nvec, bb.alpha, bb.ot);
+    }
+  }
+  lane_finish_blocks(c, sc, keys, nb);
+}
+
+/// The lane kernel over a validated plan: items (b, kv head, run of up to
+/// blocks_per_item_v query blocks) spread over the threads.
+template <class Tr, class T, class E>
+void run_lane_kernel(attention_plan<T> const& p, view<const T> q, view<const T> k, view<const T> v, view<T> out,
+                     E const& enc, rotation_ids const* rot) {
+  constexpr index_t bq_v = Tr::block_q_v;
+  index_t const batch = p.batch, kv_heads = p.kv_heads, rows = p.q_len * p.group;
+  int const threads = loop_threads(p.threads);
+  index_t const per_thread = scratch_elements<lane_scratch<Tr>>(p.head_dim, p.value_dim);
+  auto scratch = aligned_buffer<T>::uninitialized(per_thread * threads);
+  index_t const nblocks = (rows + bq_v - 1) / bq_v;
+  // Fewer blocks per item when that is what keeps every thread busy.
+  index_t per_item = Tr::blocks_per_item_v;
+  while (per_item > 1 && batch * kv_heads * ((nblocks + per_item - 1) / per_item) < 4 * threads) per_item /= 2;
+  index_t const items_per_head = (nblocks + per_item - 1) / per_item;
+  bool const has_bias = encoder_traits<E>::biases_scores;
+  bool const diagonal_bias = has_bias && !p.has_masks() && bias_shift_invariant(enc);
+  parallel_for(batch * kv_heads * items_per_head, threads, [&](index_t it) {
+    index_t const bh = it / items_per_head, sb = it % items_per_head;
+    int const tid = std::min(thread_index(), threads - 1);  // serial: one slot
+    auto const sc = carve_scratch<lane_scratch<Tr>>(scratch.data() + tid * per_thread, per_thread, p.head_dim,
+                                                    p.value_dim);
+    lane_item_context<Tr, E> const c{p,  q,  k,  v, out, enc, rot, bh / kv_heads, bh % kv_heads, has_bias || p.has_masks(),
+                                     diagonal_bias};
+    index_t const blk0 = sb * per_item;
+    lane_item(c, sc, blk0, std::min(nblocks, blk0 + per_item));
+  });
+}
+
+}  // namespace posenc::detail::fused

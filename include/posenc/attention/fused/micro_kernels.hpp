@@ -1,0 +1,223 @@
+// SPDX-License-Identifier: MIT
+// path::fused, room 3: the register tiles of the two products, scores (q.k) and values (p v).
+#pragma once
+
+// What this room holds: the FMA micro-kernels, each a fully unrolled register
+// tile with compile-time bounds. Lane layout (prefill: query rows along the
+// lanes): score_micro, value_micro. Row layout (decode, Shaw: keys or output
+// dims along the lanes): row_scores, row_values. Plus the helpers that walk a
+// range in register-tile steps. Nothing here knows masks, biases or softmax.
+// May include: fused/traits.hpp and core/.
+
+#include <algorithm>
+#include <type_traits>
+
+#include "posenc/attention/fused/traits.hpp"
+#include "posenc/core/simd.hpp"
+#include "posenc/core/span.hpp"
+
+namespace posenc::detail::fused {
+
+/// Calls f(row, std::integral_constant<int, N'>) once for the tail of `rem`
+/// rows at `r` with the compile-time N' == rem (rem <= N).
+template <int N, class F>
+inline void tail_block(index_t rem, index_t r, F& f) noexcept {
+  if constexpr (N >= 1) {
+    if (rem == N)
+      f(r, std::integral_constant<int, N>{});
+    else
+      tail_block<N - 1>(rem, r, f);
+  } else {
+    (void)rem, (void)r, (void)f;
+  }
+}
+
+/// Calls f(row, std::integral_constant<int, MR>) over [0, n) in blocks of MR
+/// rows, the tail with a smaller compile-time block.
+template <int MR, class F>
+inline void row_blocks(index_t n, F&& f) noexcept {
+  index_t r = 0;
+  for (; r + MR <= n; r += MR) f(r, std::integral_constant<int, MR>{});
+  if (r < n) tail_block<MR - 1>(n - r, r, f);
+}
+
+/// Largest of 8, 4, 2, 1 such that `per` accumulators per unit plus `extra`
+/// operand registers fit the register file (and at most `cap`).
+template <class Tr>
+constexpr int register_block(int per, int extra, index_t cap) noexcept {
+  for (int u : {8, 4, 2}) {
+    if (u <= cap && per * u + extra <= Tr::registers_v) return u;
+  }
+  return 1;
+}
+
+// ---------------------------------------------------------------------------
+// Lane layout.
+
+/// st[r][lanes] = sum_d k[r][d] * qt[d][lanes] for MR key rows and MQ lane vectors.
+template <class Tr, int MR, int MQ>
+inline void score_micro(typename Tr::value_type const* k, index_t ldk, typename Tr::value_type const* qt,
+                        index_t ldq, index_t head_dim, typename Tr::value_type* st, index_t lds) noexcept {
+  using T = typename Tr::value_type;
+  using B = typename Tr::batch;
+  constexpr index_t w_v = Tr::width_v;
+  B acc[MR][MQ];
+  for (int r = 0; r < MR; ++r)
+    for (int m = 0; m < MQ; ++m) acc[r][m] = B(T(0));
+  T const* kr[MR];
+  for (int r = 0; r < MR; ++r) kr[r] = k + r * ldk;
+  for (index_t d = 0; d < head_dim; ++d) {
+    B qv[MQ];
+    for (int m = 0; m < MQ; ++m) qv[m] = simd::load<T, typename Tr::arch>(qt + d * ldq + m * w_v);
+    for (int r = 0; r < MR; ++r) {
+      B const kb(kr[r][d]);
+      for (int m = 0; m < MQ; ++m) acc[r][m] = simd::fma(kb, qv[m], acc[r][m]);
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int m = 0; m < MQ; ++m) simd::store(st + r * lds + m * w_v, acc[r][m]);
+}
+
+/// ot[r][lanes] = alpha[lanes] * ot[r][lanes] + sum_j v[j][r] * pt[j][lanes]
+/// for MR output dims (v points at dim d0 of key row 0) and MQ lane vectors.
+template <class Tr, int MR, int MQ>
+inline void value_micro(typename Tr::value_type const* v, index_t ldv, index_t nk,
+                        typename Tr::value_type const* pt, index_t ldp, typename Tr::value_type const* alpha,
+                        typename Tr::value_type* ot, index_t ldo) noexcept {
+  using T = typename Tr::value_type;
+  using B = typename Tr::batch;
+  using A = typename Tr::arch;
+  constexpr index_t w_v = Tr::width_v;
+  B acc[MR][MQ];
+  B al[MQ];
+  for (int m = 0; m < MQ; ++m) al[m] = simd::load<T, A>(alpha + m * w_v);
+  for (int r = 0; r < MR; ++r)
+    for (int m = 0; m < MQ; ++m) acc[r][m] = simd::load<T, A>(ot + r * ldo + m * w_v) * al[m];
+  for (index_t j = 0; j < nk; ++j) {
+    B pv[MQ];
+    for (int m = 0; m < MQ; ++m) pv[m] = simd::load<T, A>(pt + j * ldp + m * w_v);
+    T const* vj = v + j * ldv;
+    for (int r = 0; r < MR; ++r) {
+      B const vb(vj[r]);
+      for (int m = 0; m < MQ; ++m) acc[r][m] = simd::fma(vb, pv[m], acc[r][m]);
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int m = 0; m < MQ; ++m) simd::store(ot + r * ldo + m * w_v, acc[r][m]);
+}
+
+// ---------------------------------------------------------------------------
+// Row layout.
+
+/// s[g][j] = q_g . k_j for NG rows and nk keys. kj_v keys at a time keep
+/// NG * kj_v accumulators in registers (each K row loaded once for all rows);
+/// the partial sums of width keys are then reduced together by one
+/// width x width transpose instead of a horizontal sum per key.
+template <class Tr, int NG>
+inline void row_scores(typename Tr::value_type const* const* qr, typename Tr::value_type const* k, index_t ldk,
+                       index_t nk, index_t head_dim, typename Tr::value_type* const* s) noexcept {
+  using T = typename Tr::value_type;
+  using B = typename Tr::batch;
+  using A = typename Tr::arch;
+  constexpr index_t w_v = Tr::width_v;
+  constexpr int kj_v = register_block<Tr>(NG + 1, 2, w_v);
+  index_t const dim_w = head_dim / w_v * w_v;
+  alignas(64) T part[NG][w_v][w_v];  // part[g][key][lane]: partial sums of w_v keys
+  for (index_t j0 = 0; j0 < nk; j0 += w_v) {
+    index_t const n = std::min(w_v, nk - j0);
+    for (index_t jj = 0; jj < n; jj += kj_v) {
+      B acc[NG][kj_v];
+      T const* kr[kj_v];
+      for (int t = 0; t < kj_v; ++t) {
+        kr[t] = k + std::min(j0 + jj + t, nk - 1) * ldk;  // past the tile: a repeat, discarded
+        for (int g = 0; g < NG; ++g) acc[g][t] = B(T(0));
+      }
+      for (index_t d = 0; d < dim_w; d += w_v) {
+        B kv[kj_v];
+        for (int t = 0; t < kj_v; ++t) kv[t] = simd::load<T, A>(kr[t] + d);
+        for (int g = 0; g < NG; ++g) {
+          B const qv = simd::load<T, A>(qr[g] + d);
+          for (int t = 0; t < kj_v; ++t) acc[g][t] = simd::fma(qv, kv[t], acc[g][t]);
+        }
+      }
+      for (int g = 0; g < NG; ++g)
+        for (int t = 0; t < kj_v; ++t) simd::store(part[g][jj + t], acc[g][t]);
+    }
+    for (int g = 0; g < NG; ++g) {
+      B blk[w_v];
+      for (index_t t = 0; t < w_v; ++t) blk[t] = t < n ? simd::load<T, A>(part[g][t]) : B(T(0));
+      simd::transpose(blk);
+      B sum = blk[0];
+      for (index_t t = 1; t < w_v; ++t) sum = sum + blk[t];
+      if (dim_w < head_dim) {  // head dim not a multiple of the width: the last dims one by one
+        alignas(64) T tail[w_v];
+        for (index_t t = 0; t < w_v; ++t) {
+          T x = 0;
+          if (t < n)
+            for (index_t e = dim_w; e < head_dim; ++e) x += qr[g][e] * k[(j0 + t) * ldk + e];
+          tail[t] = x;
+        }
+        sum = sum + simd::load<T, A>(tail);
+      }
+      if (n == w_v)
+        simd::store(s[g] + j0, sum);
+      else
+        simd::store_partial(s[g] + j0, sum, n);
+    }
+  }
+}
+
+/// o_g = alpha_g * o_g + sum_j p_g[j] v_j over value_dim dims for NG rows (o_g
+/// at o + g * value_dim). Each V row chunk is loaded once for all rows; the
+/// cw_v * NG accumulators of a chunk stay in registers across the keys.
+template <class Tr, int NG>
+inline void row_values(typename Tr::value_type const* const* pr, typename Tr::value_type const* alpha,
+                       typename Tr::value_type const* v, index_t ldv, index_t nk, index_t value_dim,
+                       typename Tr::value_type* o) noexcept {
+  using T = typename Tr::value_type;
+  using B = typename Tr::batch;
+  using A = typename Tr::arch;
+  constexpr index_t w_v = Tr::width_v;
+  constexpr int cw_v = register_block<Tr>(NG, NG + 2, 8);
+  auto chunk = [&](index_t d, auto cw) {
+    constexpr int C = decltype(cw)::value;
+    B acc[NG][C];
+    for (int g = 0; g < NG; ++g)
+      for (int c = 0; c < C; ++c) acc[g][c] = simd::load<T, A>(o + g * value_dim + d + c * w_v) * B(alpha[g]);
+    for (index_t j = 0; j < nk; ++j) {
+      T const* vj = v + j * ldv + d;
+      B pj[NG];
+      for (int g = 0; g < NG; ++g) pj[g] = B(pr[g][j]);
+      for (int c = 0; c < C; ++c) {
+        B const vv = simd::load<T, A>(vj + c * w_v);
+        for (int g = 0; g < NG; ++g) acc[g][c] = simd::fma(pj[g], vv, acc[g][c]);
+      }
+    }
+    for (int g = 0; g < NG; ++g)
+      for (int c = 0; c < C; ++c) simd::store(o + g * value_dim + d + c * w_v, acc[g][c]);
+  };
+  index_t d = 0;
+  for (; d + cw_v * w_v <= value_dim; d += cw_v * w_v) chunk(d, std::integral_constant<int, cw_v>{});
+  for (; d + w_v <= value_dim; d += w_v) chunk(d, std::integral_constant<int, 1>{});
+  for (; d < value_dim; ++d) {
+    for (int g = 0; g < NG; ++g) {
+      T a = o[g * value_dim + d] * alpha[g];
+      for (index_t j = 0; j < nk; ++j) a += pr[g][j] * v[j * ldv + d];
+      o[g * value_dim + d] = a;
+    }
+  }
+}
+
+/// Asks for the cache lines of n rows of `len` elements, `stride` apart.
+template <class T>
+inline void prefetch_rows(T const* p, index_t stride, index_t n, index_t len) noexcept {
+#if defined(__GNUC__) || defined(__clang__)
+  constexpr index_t line = 64 / static_cast<index_t>(sizeof(T));
+  for (index_t j = 0; j < n; ++j)
+    for (index_t e = 0; e < len; e += line) __builtin_prefetch(p + j * stride + e);
+#else
+  (void)p, (void)stride, (void)n, (void)len;
+#endif
+}
+
+}  // namespace posenc::detail::fused

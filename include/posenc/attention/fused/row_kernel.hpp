@@ -1,0 +1,186 @@
+// SPDX-License-Identifier: MIT
+// path::fused, room 8: the row kernel: keys along the lanes of a row of scores, up to row_group_v rows at once.
+#pragma once
+
+// Runs when a (batch, kv head) has fewer rows than a lane block (decode,
+// speculative tokens) and for Shaw terms (which need each query vector). Up
+// to row_group_v rows share every K and V row load. A row keeps (max, sum,
+// unnormalised output) in a `row_state`, so that a key range split across
+// threads can be merged afterwards (fused/decode.hpp).
+// May include: the fused/ rooms above it, attention/plan.hpp, encoding/, core/.
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "posenc/attention/fused/micro_kernels.hpp"
+#include "posenc/attention/fused/rotary.hpp"
+#include "posenc/attention/fused/scratch.hpp"
+#include "posenc/attention/fused/softmax.hpp"
+#include "posenc/attention/fused/traits.hpp"
+#include "posenc/attention/plan.hpp"
+
+namespace posenc::detail::fused {
+
+/// Partial result of the row kernel for rows g = 0, 1, ...: running max m[g],
+/// sum l[g] and the unnormalised output o + g * value_dim.
+template <class T>
+struct row_state {
+  T* m;
+  T* l;
+  T* o;
+};
+
+/// Rows [r0, r0 + n) of one (b, kv head): query row pointers (rotated copies
+/// when RoPE is fused), positions, visible key ranges.
+template <class Tr>
+struct row_rows {
+  using T = typename Tr::value_type;
+  T const* q[Tr::row_group_v];
+  index_t i[Tr::row_group_v], h[Tr::row_group_v];
+  key_range kr[Tr::row_group_v];
+  index_t n = 0;
+  index_t first = 0, last = 0;  // union of the visible ranges
+};
+
+/// Per-thread scratch of the row kernel, described once by lay_out:
+/// `query_rows` rotated query rows (one row group, or every group of every
+/// kv head on the decode path).
+template <class Tr>
+struct row_scratch {
+  using value_type = typename Tr::value_type;
+  using T = value_type;
+  T* s[Tr::row_group_v];  // (block_kv_v) scores, then probabilities, of each row
+  T* tmp;                 // (block_kv_v) an encoder's terms of one row
+  T* ktile;               // (block_kv_v, head_dim) a rotated key tile
+  T* qbuf;                // (query_rows, head_dim) rotated query rows
+
+  template <class Taker>
+  void lay_out(Taker& c, index_t head_dim, index_t query_rows) {
+    for (T*& r : s) r = c.take(Tr::block_kv_v);
+    tmp = c.take(Tr::block_kv_v);
+    ktile = c.take(Tr::block_kv_v * head_dim);
+    qbuf = c.take(query_rows * head_dim);
+  }
+};
+
+/// Row setup: rows [r0, r0 + ng) of (b, hk) against keys [j0, j1) get their
+/// query pointers (copied into qbuf and rotated with `rot`), visible ranges
+/// and a fresh state.
+template <class Tr, class T, class E>
+void row_begin(attention_plan<T> const& p, view<const T> q, E const& enc, index_t b, index_t hk, index_t r0,
+               index_t ng, index_t j0, index_t j1, rotation_ids const* rot, T* qbuf, row_rows<Tr>& rr,
+               row_state<T> st) noexcept {
+  index_t const head_dim = p.head_dim, value_dim = p.value_dim, group = p.group;
+  index_t rid[Tr::row_group_v];
+  rr.n = ng;
+  rr.first = j1;
+  rr.last = j0;
+  for (index_t g = 0; g < ng; ++g) {
+    index_t const r = r0 + g;
+    rr.i[g] = r / group;
+    rr.h[g] = hk * group + r % group;
+    T const* src = q.ptr(b, rr.i[g], rr.h[g]);
+    if (rot) {
+      std::copy(src, src + head_dim, qbuf + g * head_dim);
+      rid[g] = rot->q[b * p.q_len + rr.i[g]];
+      rr.q[g] = qbuf + g * head_dim;
+    } else {
+      rr.q[g] = src;
+    }
+    rr.kr[g] = p.visible_range(b, rr.i[g], j0, j1);
+    st.m[g] = -std::numeric_limits<T>::infinity();
+    st.l[g] = T(0);
+    std::fill(st.o + g * value_dim, st.o + (g + 1) * value_dim, T(0));
+    if (!rr.kr[g].empty()) {
+      rr.first = std::min(rr.first, rr.kr[g].first);
+      rr.last = std::max(rr.last, rr.kr[g].last);
+    }
+  }
+  if (rot) rotate_query_rows(p, enc, *rot, rid, ng, qbuf);
+}
+
+/// Row bias and visibility: raw scores s[0, nk) of row g of rr for keys t0 ..
+/// become logits: scale, Shaw term, softcap, bias, masks (-inf where invisible).
+template <class Tr, class T, class E>
+void row_logits(attention_plan<T> const& p, E const& enc, index_t b, row_rows<Tr> const& rr, index_t g, index_t t0,
+                index_t nk, T* s, T* tmp) noexcept {
+  constexpr bool has_bias_v = encoder_traits<E>::biases_scores;
+  constexpr bool has_shaw_v = encoder_traits<E>::relative_key_value;
+  T const scale = static_cast<T>(p.scale);
+  T const cap = static_cast<T>(p.softcap);
+  index_t const ri = rr.i[g], rh = rr.h[g];
+  for (index_t j = 0; j < nk; ++j) s[j] *= scale;
+  if constexpr (has_shaw_v) {
+    // Shaw's scale * q.aK term is part of the raw score (before the softcap).
+    encoder_terms<score_term::shaw>(p, enc, rr.q[g], b, rh, ri, t0, nk, tmp);
+    for (index_t j = 0; j < nk; ++j) s[j] += tmp[j];
+  }
+  if (cap > 0) {
+    for (index_t j = 0; j < nk; ++j) s[j] = cap * std::tanh(s[j] / cap);
+  }
+  bool const covered = rr.kr[g].all && rr.kr[g].first <= t0 && rr.kr[g].last >= t0 + nk;
+  if (has_bias_v || has_shaw_v || p.has_masks() || !covered) {
+    if constexpr (has_bias_v) {
+      encoder_terms<score_term::bias>(p, enc, rr.q[g], b, rh, ri, t0, nk, tmp);
+      for (index_t j = 0; j < nk; ++j) s[j] += tmp[j];
+    }
+    apply_masks(p, b, rh, ri, t0, nk, s);
+  }
+}
+
+/// Key tile [t0, t0 + nk) for the rows of rr: scores, logits, online softmax
+/// update, values. Leaves (max, sum, unnormalised output) per row in `st`.
+template <class Tr, class T, class E>
+void row_tile(attention_plan<T> const& p, view<const T> k, view<const T> v, E const& enc, index_t b, index_t hk,
+              row_rows<Tr> const& rr, index_t t0, index_t nk, rotation_ids const* rot, row_scratch<Tr> const& sc,
+              row_state<T> st) noexcept {
+  index_t const head_dim = p.head_dim, value_dim = p.value_dim;
+  T const* kt = k.ptr(b, t0, hk);
+  index_t ldk = k.seq_stride;
+  if (rot && rot->k) {
+    rotate_key_tile(p, k, enc, *rot, b, hk, t0, nk, sc.ktile);
+    kt = sc.ktile;
+    ldk = head_dim;
+  }
+  T const* vt = v.ptr(b, t0, hk);
+  // Scores of every row, each row's softmax update, then the values of every
+  // row (each K and V row loaded once for all rows).
+  auto rows = [&](index_t, auto n) {
+    constexpr int ng_v = decltype(n)::value;
+    row_scores<Tr, ng_v>(rr.q, kt, ldk, nk, head_dim, sc.s);
+    T al[ng_v];
+    for (int g = 0; g < ng_v; ++g) {
+      row_logits<Tr>(p, enc, b, rr, g, t0, nk, sc.s[g], sc.tmp);
+      al[g] = row_softmax_update<Tr>(sc.s[g], nk, st.m[g], st.l[g]);
+    }
+    row_values<Tr, ng_v>(sc.s, al, vt, v.seq_stride, nk, value_dim, st.o);
+  };
+  tail_block<Tr::row_group_v>(rr.n, 0, rows);
+  if constexpr (encoder_traits<E>::relative_key_value)
+    for (index_t g = 0; g < rr.n; ++g) encoder_values(p, enc, sc.s[g], b, rr.i[g], t0, nk, st.o + g * value_dim);
+}
+
+/// Row kernel over rows [r0, r0 + ng) of (b, hk) and keys [j0, j1): leaves
+/// (max, sum, unnormalised output) per row in `st`.
+template <class Tr, class T, class E>
+void row_item(attention_plan<T> const& p, view<const T> q, view<const T> k, view<const T> v, E const& enc,
+              index_t b, index_t hk, index_t r0, index_t ng, index_t j0, index_t j1, rotation_ids const* rot,
+              row_scratch<Tr> const& sc, row_state<T> st) noexcept {
+  constexpr index_t bk_v = Tr::block_kv_v;
+  row_rows<Tr> rr;
+  row_begin<Tr>(p, q, enc, b, hk, r0, ng, j0, j1, rot, sc.qbuf, rr, st);
+  for (index_t t0 = rr.first; t0 < rr.last; t0 += bk_v) {
+    index_t const nk = std::min(bk_v, rr.last - t0);
+    if (t0 + bk_v < rr.last) {
+      // Rows of one head sit a token stride apart (often in different 4 KiB
+      // pages, where hardware prefetchers stop): fetch the next tile now.
+      index_t const nn = std::min(bk_v, rr.last - t0 - bk_v);
+      prefetch_rows(k.ptr(b, t0 + bk_v, hk), k.seq_stride, nn, p.head_dim);
+      prefetch_rows(v.ptr(b, t0 + bk_v, hk), v.seq_stride, nn, p.value_dim);
+    }
+    row_tile<Tr>(p, k, v, enc, b, hk, rr, t0, nk, rot, sc, st);
+  }
+}
+
+}  // namespace posenc::detail::fused
