@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -431,7 +432,7 @@ TEST_CASE("rope: traits", "[rope]") {
   STATIC_REQUIRE(!posenc::biases_scores_v<rope<float>>);
   STATIC_REQUIRE(!posenc::relative_key_value_v<rope<float>>);
   rope<float> const r(rope_layout::half_split, 8);
-  CHECK(r.max_positions() == 0);
+  CHECK(r.max_positions() == (index_t(1) << 53));  // positions exact in double, angles below 2^53
 }
 
 // The usage example of docs/encoders/rope.md, compiled and run here.
@@ -465,4 +466,103 @@ TEST_CASE("rope: docs/encoders/rope.md usage", "[rope][docs]") {
   same_rope.rotate(posenc::make_bshd(q2.data(), batch, seq, 32, 128), posenc::position_span(past_len));
   CHECK(q2 == q);
   CHECK(q[0] != 0.5f);
+}
+
+namespace {
+
+#if defined(__SIZEOF_FLOAT128__)
+using quad = __float128;
+
+/// cos and sin of p * theta in binary128, theta = hi + lo exactly: the product
+/// is within 2^-113 relative, 2 pi is carried to ~2^-160, and the reduced
+/// angle goes through Taylor series, so the result is within ~1e-30 for
+/// angles below 2^53 (docs/encoders/rope.md "Accuracy and range").
+void quad_cos_sin(index_t p, double hi, double lo, double& c, double& s) {
+  quad const two_pi_hi = quad(6.283185307179586) + quad(2.4492935982947064e-16);
+  quad const two_pi_lo = quad(-5.989539619436679e-33);
+  quad const angle = quad(p) * (quad(hi) + quad(lo));
+  quad const n = quad(std::llround(static_cast<long double>(angle / two_pi_hi)));  // angle >= 0
+  quad const x = (angle - n * two_pi_hi) - n * two_pi_lo;  // |x| <= ~pi
+  quad term = 1, cs = 1, sn = 0;
+  for (int i = 1; i < 80; ++i) {  // term = x^i / i!
+    term = term * x / quad(i);
+    switch (i % 4) {
+      case 1: sn += term; break;
+      case 2: cs -= term; break;
+      case 3: sn -= term; break;
+      default: cs += term; break;
+    }
+  }
+  c = static_cast<double>(cs);
+  s = static_cast<double>(sn);
+}
+#endif
+
+}  // namespace
+
+TEST_CASE("rope: cos/sin within the documented bound at every accepted position (2^20 .. 2^53 - 1)",
+          "[rope][precision]") {
+#if !defined(__SIZEOF_FLOAT128__)
+  WARN("no __float128 on this compiler: the long-range accuracy reference is unavailable");
+#else
+  // The bound of docs/encoders/rope.md: |error| <= 2^-50 on the double values,
+  // plus half an ulp of T when rounded to T (attention factor 1 here).
+  double const bound = std::ldexp(1.0, -50);
+  auto check = [&](auto tag, rope<decltype(tag)> const& r, index_t p, std::vector<int> const& ks, bool table) {
+    using T = decltype(tag);
+    index_t const h = r.rotary_dim() / 2;
+    auto const f = r.frequencies(p + 1);
+    // One rotation of x = [1 .. 1, 0 .. 0] (half-split) returns [cos | sin] rounded to T exactly.
+    std::vector<T> x(static_cast<std::size_t>(2 * h), T(0));
+    for (index_t k = 0; k < h; ++k) x[static_cast<std::size_t>(k)] = T(1);
+    r.rotate(posenc::make_bshd(x.data(), 1, 1, 1, 2 * h), position_span(p));
+    std::vector<T> c(static_cast<std::size_t>(h)), s(c.size());
+    r.cos_sin(p, p + 1, c.data(), s.data());
+    for (int k : ks) {
+      auto const kk = static_cast<std::size_t>(k);
+      double ce = 0, se = 0;
+      quad_cos_sin(p, f.inv_freq[kk], f.inv_freq_lo[kk], ce, se);
+      auto half_ulp = [](double v) {
+        T const t = static_cast<T>(std::abs(v));
+        return 0.5 * (static_cast<double>(std::nextafter(t, std::numeric_limits<T>::max())) - static_cast<double>(t));
+      };
+      double const ec = std::abs(static_cast<double>(c[kk]) - ce), es = std::abs(static_cast<double>(s[kk]) - se);
+      INFO((sizeof(T) == 4 ? "float" : "double") << (table ? " table" : " per call") << " position " << p << " k "
+                                                 << k << " theta " << f.inv_freq[kk] << ": |cos error| " << ec
+                                                 << ", |sin error| " << es);
+      CHECK(ec <= bound + half_ulp(ce));
+      CHECK(es <= bound + half_ulp(se));
+      CHECK(x[kk] == c[kk]);  // the rotation uses the same row
+      CHECK(x[kk + static_cast<std::size_t>(h)] == s[kk]);
+    }
+  };
+  auto run = [&](auto tag) {
+    using T = decltype(tag);
+    // theta_0 = 1 (the highest frequency), theta_1 = 0.75 (lo != 0), theta_31 = 1.3e-4 (a low one).
+    rope<T> const r(rope_layout::half_split, 64);
+    REQUIRE(r.max_positions() == (index_t(1) << 53));
+    for (index_t p : {index_t(1) << 20, index_t(1) << 31, index_t(1) << 40, index_t(1) << 50, (index_t(1) << 53) - 1})
+      check(tag, r, p, {0, 1, 31}, false);
+    std::vector<T> c(32), s(32);
+    REQUIRE_THROWS_WITH(r.cos_sin(index_t(1) << 53, (index_t(1) << 53) + 1, c.data(), s.data()),
+                        posenc_test::contains("position is 9007199254740992, expected 0 .. 9007199254740991"));
+    // theta_0 = 4 (linear factor 0.25): the angle, not the position, reaches 2^53 first.
+    rope_options o;
+    o.scaling = rope_scaling::linear(0.25);
+    rope<T> const fast(rope_layout::half_split, 64, o);
+    REQUIRE(fast.max_positions() == (index_t(1) << 51));
+    check(tag, fast, (index_t(1) << 51) - 1, {0, 1, 31}, false);
+    REQUIRE_THROWS_WITH(fast.cos_sin(index_t(1) << 51, (index_t(1) << 51) + 1, c.data(), s.data()),
+                        posenc_test::contains("position is 2251799813685248, expected 0 .. 2251799813685247"));
+    // The reserved table (the same rows, stored) at 2^20: rotary_dim 4, thetas 1 and 1e-4.
+    rope_options t;
+    t.base = 1e8;
+    rope<T> table(rope_layout::half_split, 4, t);
+    table.reserve((index_t(1) << 20) + 1);
+    REQUIRE(table.reserved_for((index_t(1) << 20) + 1));
+    check(tag, table, index_t(1) << 20, {0, 1}, true);
+  };
+  run(float{});
+  run(double{});
+#endif
 }

@@ -130,6 +130,45 @@ TEMPLATE_TEST_CASE("attention errors: options", "[errors]", posenc::path::refere
                          posenc_test::fake_shaw<float>(2, 4, true, 1));
 }
 
+TEMPLATE_TEST_CASE("attention errors: scale and softcap must be usable as T (float)", "[errors]",
+                   posenc::path::reference, posenc::path::materialized, posenc::path::best) {
+  // Finite as double, but in float: inf (1e39), 0 (1e-50), subnormal (1e-39), or a subnormal
+  // reciprocal (softcap 1e38: 1 / softcap underflows) that turns s * (1 / softcap) into noise.
+  std::string const scale_range = ", expected a finite value >= 0 that is 0 or normal as float (1.1754944e-38 .. 3.4028235e+38)";
+  expect_error<TestType>([](call& c) { c.opt.scale = 1e39; }, "scale is 1e+39" + scale_range);
+  expect_error<TestType>([](call& c) { c.opt.scale = 1e-50; }, "scale is 1e-50" + scale_range);
+  expect_error<TestType>([](call& c) { c.opt.scale = 1e-39; }, "scale is 1e-39" + scale_range);
+  std::string const cap_range =
+      ", expected a finite value >= 0 (0 = off) that is 0 or normal as float with a normal reciprocal (1.1754944e-38 .. "
+      "8.507059e+37)";
+  expect_error<TestType>([](call& c) { c.opt.softcap = 1e39; }, "softcap is 1e+39" + cap_range);
+  expect_error<TestType>([](call& c) { c.opt.softcap = 1e38; }, "softcap is 1e+38" + cap_range);
+  expect_error<TestType>([](call& c) { c.opt.softcap = 1e-39; }, "softcap is 1e-39" + cap_range);
+  expect_error<TestType>([](call& c) { c.opt.softcap = 1e-50; }, "softcap is 1e-50" + cap_range);
+}
+
+TEST_CASE("attention: scale and softcap that only double can hold work for T = double", "[errors]") {
+  // (batch 1, seq 3, heads 2, dim 4): the same values that float rejects.
+  auto q = posenc_test::random_vector<double>(24, 11), k = posenc_test::random_vector<double>(24, 12),
+       v = posenc_test::random_vector<double>(24, 13);
+  auto view = [](std::vector<double>& x) { return posenc::make_bshd(x.data(), 1, 3, 2, 4); };
+  for (double s : {1e39, 1e-39}) {
+    for (double cap : {0.0, 1e39, 1e-39}) {
+      posenc::attention_options<double> opt;
+      opt.scale = s;
+      opt.softcap = cap;
+      std::vector<double> out(24, 42.0), ref(24, 42.0);
+      REQUIRE_NOTHROW(posenc::attention(view(q), view(k), view(v), view(out), posenc::none{}, opt));
+      REQUIRE_NOTHROW(posenc::attention<posenc::path::reference>(view(q), view(k), view(v), view(ref), posenc::none{}, opt));
+      for (std::size_t i = 0; i < out.size(); ++i) {
+        INFO("scale " << s << " softcap " << cap << " element " << i);
+        REQUIRE(std::isfinite(out[i]));
+        CHECK(std::abs(out[i] - ref[i]) <= 1e-12);
+      }
+    }
+  }
+}
+
 TEST_CASE("attention errors: negative query positions are fine where no key is visible", "[errors]") {
   call c;
   c.opt.q_positions = posenc::position_span(-2);

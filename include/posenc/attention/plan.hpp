@@ -314,12 +314,21 @@ void validate(view<const T> q, view<const T> k, view<const T> v, view<T> out, E 
     require(k.heads > 0 && q.heads % k.heads == 0, w, "q.heads is ", q.heads,
             ", expected a multiple of k.heads (", k.heads, ")");
   }
+  // The kernels use scale and softcap as T, and 1 / softcap: each must be 0 or
+  // a normal T (softcap also with a normal reciprocal), else it overflows,
+  // becomes 0 or a subnormal, or makes inf * 0 = NaN in T although it is fine as double.
+  char const* const t_name = std::is_same_v<T, float> ? "float" : "double";
+  double const t_min = static_cast<double>(std::numeric_limits<T>::min());
+  double const t_max = static_cast<double>(std::numeric_limits<T>::max());
   if (opt.scale) {
-    require(std::isfinite(*opt.scale) && *opt.scale >= 0, w, "scale is ", *opt.scale,
-            ", expected a finite value >= 0");
+    double const s = *opt.scale;
+    require(s == 0 || (s >= t_min && s <= t_max), w, "scale is ", s, ", expected a finite value >= 0 that is 0 or ",
+            "normal as ", t_name, " (", std::numeric_limits<T>::min(), " .. ", std::numeric_limits<T>::max(), ")");
   }
-  require(std::isfinite(opt.softcap) && opt.softcap >= 0, w, "softcap is ", opt.softcap,
-          ", expected a finite value >= 0 (0 = off)");
+  double const c = opt.softcap;
+  require(c == 0 || (c >= t_min && c <= 1.0 / t_min), w, "softcap is ", c,
+          ", expected a finite value >= 0 (0 = off) that is 0 or normal as ", t_name, " with a normal reciprocal (",
+          std::numeric_limits<T>::min(), " .. ", T(1) / std::numeric_limits<T>::min(), ")");
   require(opt.sliding_window >= 0, w, "sliding_window is ", opt.sliding_window,
           ", expected >= 0 (0 = off)");
   index_t const B = q.batch, Sq = q.seq, Sk = k.seq;

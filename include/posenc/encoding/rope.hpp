@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <type_traits>
 #include <utility>
@@ -27,6 +28,25 @@
 #include "posenc/encoding/traits.hpp"
 
 namespace posenc {
+
+namespace detail {
+
+/// out = a * b; false (out unspecified) when the product overflows index_t.
+inline bool rope_checked_mul(index_t a, index_t b, index_t& out) noexcept {
+#if defined(__GNUC__) || defined(__clang__)
+  return !__builtin_mul_overflow(a, b, &out);
+#else
+  if (a != 0 && b != 0) {
+    index_t const m = std::numeric_limits<index_t>::max(), n = std::numeric_limits<index_t>::min();
+    bool const bad = a > 0 ? (b > 0 ? a > m / b : b < n / a) : (b > 0 ? a < n / b : a < m / b);
+    if (bad) return false;
+  }
+  out = a * b;
+  return true;
+#endif
+}
+
+}  // namespace detail
 
 /// cos/sin values supplied by the caller instead of computed from theta, as
 /// the ONNX RotaryEmbedding op and TensorRT take them. The values are used as
@@ -54,12 +74,12 @@ struct rope_cache {
     c.width = width;
     return c;
   }
-  /// One row per token: (batch, seq, width).
+  /// One row per token: (batch, seq, width). rows = batch * seq, or -1 when that overflows.
   static rope_cache per_token(T const* cos, T const* sin, index_t batch, index_t seq, index_t width) noexcept {
     rope_cache c;
     c.cos = cos;
     c.sin = sin;
-    c.rows = batch * seq;
+    if (!detail::rope_checked_mul(batch, seq, c.rows)) c.rows = -1;
     c.width = width;
     c.batch = batch;
     c.seq = seq;
@@ -373,9 +393,31 @@ class rope {
     detail::require(std::isfinite(base_) && base_ > 1.0, where, "base is ", base_, ", expected a finite number > 1");
     detail::require(threads_ >= 0, where, "threads is ", threads_, ", expected >= 0 (0 = default)");
     detail::check_rope_scaling(where, scaling_, rotary_dim_);
+    detail::check_rope_derived(where, scaling_, rotary_dim_, base_);
     fixed_ = compute_rope_frequencies(scaling_, rotary_dim_, base_, 0);
-    if (scaling_.type == rope_scaling_type::longrope)
-      long_ = compute_rope_frequencies(scaling_, rotary_dim_, base_, scaling_.original_max_position_embeddings + 1);
+    detail::check_rope_frequencies(where, fixed_, 0);
+    double theta_max = 0;
+    for (double t : fixed_.inv_freq) theta_max = std::max(theta_max, t);
+    if (scaling_.type == rope_scaling_type::longrope) {
+      // Lengths never exceed max_positions() <= 2^53, so an L0 of index_t's maximum never selects long_factor.
+      index_t const l0 = scaling_.original_max_position_embeddings;
+      long_ = l0 < std::numeric_limits<index_t>::max() ? compute_rope_frequencies(scaling_, rotary_dim_, base_, l0 + 1)
+                                                       : fixed_;
+      detail::check_rope_frequencies(where, long_, l0 < std::numeric_limits<index_t>::max() ? l0 + 1 : l0);
+      for (double t : long_.inv_freq) theta_max = std::max(theta_max, t);
+    }
+    // Positions p < 2^53 with every angle p * theta'_k < 2^53 (theta_max < 2^53 is checked above).
+    position_limit_ = theta_max <= 1.0 ? static_cast<index_t>(detail::rope_max_angle)
+                                       : static_cast<index_t>(std::floor(detail::rope_max_angle / theta_max));
+    // Dynamic NTK: theta'_k falls as the length grows, so the longest accepted length is the extreme.
+    if (scaling_.type == rope_scaling_type::dynamic)
+      detail::check_rope_frequencies(where, compute_rope_frequencies(scaling_, rotary_dim_, base_, position_limit_),
+                                     position_limit_);
+    // cos and sin carry a (rounded to T) and the inverse rotation multiplies by 1 / a^2 in T.
+    double const a = fixed_.attention_factor, a_min = std::sqrt(static_cast<double>(std::numeric_limits<T>::min()));
+    detail::require(a >= a_min && a <= 1.0 / a_min, where, "attention factor is ", a, ", expected ", a_min, " .. ",
+                    1.0 / a_min, " (a^2 and 1 / a^2 must be normal ", std::is_same_v<T, float> ? "float" : "double",
+                    " values)");
   }
 
   /// From Hugging Face style parameters (see rope_options_from_hf for the keys and defaults).
@@ -393,8 +435,11 @@ class rope {
     detail::require(threads >= 0, "posenc::rope::set_threads", "threads is ", threads, ", expected >= 0");
     threads_ = threads;
   }
-  /// Any position works.
-  index_t max_positions() const noexcept { return 0; }
+  /// Largest accepted position + 1: 2^53 when every theta'_k <= 1, else
+  /// floor(2^53 / max theta'_k), so that positions are exact in double and every
+  /// angle stays below 2^53, where cos/sin keep their error bound
+  /// (docs/encoders/rope.md "Accuracy and range"). Larger positions and lengths are errors.
+  index_t max_positions() const noexcept { return position_limit_; }
 
   /// theta'_k (k < rotary_dim / 2) and the attention factor at current length `length`.
   rope_frequencies frequencies(index_t length) const {
@@ -406,8 +451,10 @@ class rope {
   /// rounded to T) that rotate a token at `position` when the current length is `length`.
   void cos_sin(index_t position, index_t length, T* cos, T* sin) const {
     char const* const where = "posenc::rope::cos_sin";
-    detail::require(position >= 0, where, "position is ", position, ", expected >= 0");
-    detail::require(length > position, where, "length is ", length, ", expected > ", position, " (position)");
+    detail::require(position >= 0 && position < position_limit_, where, "position is ", position, ", expected 0 .. ",
+                    position_limit_ - 1, " (max_positions() - 1)");
+    detail::require(length > position && length <= position_limit_, where, "length is ", length, ", expected ",
+                    position, " < length <= ", position_limit_, " (position < length <= max_positions())");
     rope_frequencies storage;
     auto const& f = frequencies_into(length, storage);
     for (index_t k = 0; k < rotary_dim_ / 2; ++k) {
@@ -425,11 +472,19 @@ class rope {
   void reserve(index_t positions) { reserve(positions, positions); }
   void reserve(index_t positions, index_t length) {
     char const* const where = "posenc::rope::reserve";
-    detail::require(positions >= 0, where, "positions is ", positions, ", expected >= 0");
-    detail::require(length >= positions, where, "length is ", length, ", expected >= ", positions, " (positions)");
-    rope_frequencies f = frequencies(length);
+    detail::require(positions >= 0 && positions <= position_limit_, where, "positions is ", positions, ", expected 0 .. ",
+                    position_limit_, " (max_positions())");
+    detail::require(length >= positions && length <= position_limit_, where, "length is ", length, ", expected ",
+                    positions, " .. ", position_limit_, " (positions .. max_positions())");
     index_t const rl = row_len();
-    aligned_buffer<T> table(positions * rl);
+    index_t values = 0, bytes = 0;
+    detail::require(detail::rope_checked_mul(positions, rl, values) &&
+                        detail::rope_checked_mul(values, static_cast<index_t>(sizeof(T)), bytes),
+                    where, "positions is ", positions, ", expected <= ",
+                    std::numeric_limits<index_t>::max() / rl / static_cast<index_t>(sizeof(T)),
+                    " (the table holds positions * rotary_dim values of ", sizeof(T), " bytes in an index_t)");
+    rope_frequencies f = frequencies(length);
+    aligned_buffer<T> table(values);
     T* const t = table.data();
     parallel_for((positions + 255) / 256, threads_, [&](index_t blk) {
       index_t const p1 = std::min(positions, (blk + 1) * 256);
@@ -570,8 +625,12 @@ class rope {
     detail::require(c.width == rotary_dim_ / 2, where, "cache.width is ", c.width, ", expected ", rotary_dim_ / 2,
                     " (rotary_dim / 2)");
     detail::require(c.rows >= 0, where, "cache.rows is ", c.rows, ", expected >= 0");
-    detail::require((c.cos != nullptr && c.sin != nullptr) || c.rows * c.width == 0, where,
-                    "cache.cos or cache.sin is null, expected ", c.rows * c.width, " values each");
+    index_t values = 0;
+    detail::require(detail::rope_checked_mul(c.rows, c.width, values), where, "cache.rows is ", c.rows, ", expected <= ",
+                    std::numeric_limits<index_t>::max() / std::max<index_t>(c.width, 1),
+                    " (rows * width values must fit in index_t)");
+    detail::require((c.cos != nullptr && c.sin != nullptr) || values == 0, where,
+                    "cache.cos or cache.sin is null, expected ", values, " values each");
     if (by_position) {
       detail::require(!c.is_per_token, where,
                       "cache is per token, expected a cache by position (call the overload without positions)");
@@ -585,13 +644,34 @@ class rope {
     }
   }
 
+  /// Positions in [0, max_positions()) without overflow (an offset form is
+  /// checked through its first token: the others follow it by < seq), then the length.
   void check_positions(char const* where, position_span const& pos, index_t batch, index_t seq,
                        index_t const* length) const {
     pos.validate(where, "pos", batch, seq);
+    index_t const lim = position_limit_;
+    if (seq > 0) {
+      if (pos.is_explicit()) {
+        index_t const rows = pos.max_position(batch, seq) < lim ? 0 : batch;  // find the culprit only on failure
+        for (index_t b = 0; b < rows; ++b)
+          for (index_t s = 0; s < seq; ++s) {
+            index_t const p = pos.at(b, s);
+            detail::require(p < lim, where, "pos position of batch ", b, " token ", s, " is ", p, ", expected < ", lim,
+                            " (max_positions(): larger positions lose the cos/sin accuracy bound)");
+          }
+      } else {
+        for (index_t b = 0; b < batch; ++b) {
+          index_t const p = pos.at(b, 0);
+          detail::require(seq <= lim && p <= lim - seq, where, "pos position of batch ", b, " token 0 is ", p,
+                          ", expected <= ", lim - std::min(seq, lim), " (its token ", seq - 1, " must be < ", lim,
+                          ", max_positions(): larger positions lose the cos/sin accuracy bound)");
+        }
+      }
+    }
     if (length) {
-      index_t const m = pos.max_position(batch, seq);
-      detail::require(*length > m && *length >= 0, where, "length is ", *length, ", expected >= ", m + 1,
-                      " (largest position + 1)");
+      index_t const m = pos.max_position(batch, seq);  // < lim: no overflow below
+      detail::require(*length > m && *length <= lim, where, "length is ", *length, ", expected ", m + 1, " .. ", lim,
+                      " (largest position + 1 .. max_positions())");
     }
   }
 
@@ -689,7 +769,7 @@ class rope {
   void run_layout_nv(io const* ios, int n_io, index_t batch, index_t seq, T g, RowFn const& row_of) const {
     using A = simd::default_arch;
     constexpr index_t block = 16;
-    index_t const nblk = (seq + block - 1) / block;
+    index_t const nblk = seq / block + (seq % block != 0 ? 1 : 0);
     int const t = loop_threads(threads_);
     // Per thread: a computed row (r values) and, for the any-size interleaved
     // kernel, its expanded form (2r); whole cache lines.
@@ -754,6 +834,7 @@ class rope {
   int threads_;
   rope_frequencies fixed_;  // every length for fixed scalings; L <= M (dynamic), L <= L0 (longrope)
   rope_frequencies long_;   // longrope, L > L0
+  index_t position_limit_ = 0;  // max_positions()
   aligned_buffer<T> table_;
   index_t table_rows_ = 0;
   rope_frequencies table_freqs_;

@@ -187,20 +187,28 @@ inline double rope_attention_factor(rope_scaling const& sc) {
 namespace detail {
 
 inline bool finite_positive(double x) noexcept { return std::isfinite(x) && x > 0.0; }
+/// Finite, > 0 and not subnormal: a value whose quotients and logarithms stay finite.
+inline bool normal_positive(double x) noexcept {
+  return std::isfinite(x) && x >= std::numeric_limits<double>::min();
+}
 
-/// Checks a scaling against rotary_dim; throws posenc::error naming the field.
+/// Checks the parameters a user gives (not the derived values: see
+/// check_rope_derived); throws posenc::error naming the field.
 inline void check_rope_scaling(char const* where, rope_scaling const& sc, index_t rotary_dim) {
   auto need_factor = [&] {
-    require(finite_positive(sc.factor), where, "scaling.factor is ", sc.factor,
-            ", expected a finite number > 0 (factor < 1 is allowed)");
+    require(normal_positive(sc.factor), where, "scaling.factor is ", sc.factor,
+            ", expected a finite normal number > 0 (factor < 1 is allowed)");
   };
   auto need_l0 = [&] {
     require(sc.original_max_position_embeddings > 0, where, "scaling.original_max_position_embeddings is ",
             sc.original_max_position_embeddings, ", expected > 0 (", to_string(sc.type),
             " needs the original training length)");
   };
+  auto need_positive = [&](double v, char const* name) {
+    require(normal_positive(v), where, "scaling.", name, " is ", v, ", expected a finite normal number > 0");
+  };
   auto optional_positive = [&](std::optional<double> const& v, char const* name) {
-    if (v) require(finite_positive(*v), where, "scaling.", name, " is ", *v, ", expected a finite number > 0");
+    if (v) need_positive(*v, name);
   };
   switch (sc.type) {
     case rope_scaling_type::none: break;
@@ -215,10 +223,8 @@ inline void check_rope_scaling(char const* where, rope_scaling const& sc, index_
     case rope_scaling_type::yarn:
       need_factor();
       need_l0();
-      require(finite_positive(sc.beta_fast), where, "scaling.beta_fast is ", sc.beta_fast,
-              ", expected a finite number > 0");
-      require(finite_positive(sc.beta_slow), where, "scaling.beta_slow is ", sc.beta_slow,
-              ", expected a finite number > 0");
+      need_positive(sc.beta_fast, "beta_fast");
+      need_positive(sc.beta_slow, "beta_slow");
       optional_positive(sc.attention_factor, "attention_factor");
       if (sc.mscale) require(std::isfinite(*sc.mscale), where, "scaling.mscale is ", *sc.mscale, ", expected finite");
       if (sc.mscale_all_dim)
@@ -228,10 +234,8 @@ inline void check_rope_scaling(char const* where, rope_scaling const& sc, index_
     case rope_scaling_type::llama3:
       need_factor();
       need_l0();
-      require(finite_positive(sc.low_freq_factor), where, "scaling.low_freq_factor is ", sc.low_freq_factor,
-              ", expected a finite number > 0");
-      require(finite_positive(sc.high_freq_factor), where, "scaling.high_freq_factor is ", sc.high_freq_factor,
-              ", expected a finite number > 0");
+      need_positive(sc.low_freq_factor, "low_freq_factor");
+      need_positive(sc.high_freq_factor, "high_freq_factor");
       require(sc.low_freq_factor < sc.high_freq_factor, where, "scaling.low_freq_factor is ", sc.low_freq_factor,
               ", expected < high_freq_factor (", sc.high_freq_factor, ")");
       break;
@@ -250,11 +254,11 @@ inline void check_rope_scaling(char const* where, rope_scaling const& sc, index_
       require(static_cast<index_t>(sc.long_factor.size()) == half, where, "scaling.long_factor has ",
               sc.long_factor.size(), " values, expected ", half, " (rotary_dim / 2)");
       for (std::size_t k = 0; k < sc.short_factor.size(); ++k)
-        require(finite_positive(sc.short_factor[k]), where, "scaling.short_factor[", k, "] is ", sc.short_factor[k],
-                ", expected a finite number > 0");
+        require(normal_positive(sc.short_factor[k]), where, "scaling.short_factor[", k, "] is ", sc.short_factor[k],
+                ", expected a finite normal number > 0");
       for (std::size_t k = 0; k < sc.long_factor.size(); ++k)
-        require(finite_positive(sc.long_factor[k]), where, "scaling.long_factor[", k, "] is ", sc.long_factor[k],
-                ", expected a finite number > 0");
+        require(normal_positive(sc.long_factor[k]), where, "scaling.long_factor[", k, "] is ", sc.long_factor[k],
+                ", expected a finite normal number > 0");
       break;
     }
   }
@@ -341,22 +345,105 @@ inline rope_frequencies compute_rope_frequencies(rope_scaling const& sc, index_t
 }
 
 /// cos and sin of pos * theta' where theta' = hi + lo (a rope_frequencies
-/// pair): the product is formed exactly as a double-double with an FMA and
-/// the low part enters to first order, so the result is within ~2e-16 of the
-/// exact cos/sin of that theta' for every pos < 2^53.
+/// pair). The product is formed as a double-double a + e with an FMA (error
+/// below |angle| * 2^-104); cos(a), sin(a) are libm's; e enters to first order
+/// while |e| <= 2^-27 (the dropped e^2 / 2 is below 2^-55) and through cos(e),
+/// sin(e) beyond that. For pos < 2^53 and an angle below 2^53 (the range rope
+/// accepts) the result is within 2^-50 of the exact cos/sin of that theta'
+/// (measured: docs/encoders/rope.md "Accuracy and range").
 inline void rope_angle_cos_sin(index_t pos, double hi, double lo, double& c, double& s) noexcept {
   double const p = static_cast<double>(pos);
   double const a = p * hi;
-  double const e = std::fma(p, hi, -a) + p * lo;  // a + e = p * (hi + lo) to ~1e-32 relative
+  double const e = std::fma(p, hi, -a) + p * lo;  // a + e = p * (hi + lo) to ~2^-104 relative
   double const ca = std::cos(a), sa = std::sin(a);
-  c = ca - sa * e;
-  s = sa + ca * e;
+  if (std::abs(e) <= 0x1p-27) {
+    c = ca - sa * e;
+    s = sa + ca * e;
+  } else {
+    double const ce = std::cos(e), se = std::sin(e);
+    c = ca * ce - sa * se;
+    s = sa * ce + ca * se;
+  }
 }
 
 /// True when the frequencies of a scaling depend on the current length (dynamic, longrope).
 inline bool rope_depends_on_length(rope_scaling const& sc) noexcept {
   return sc.type == rope_scaling_type::dynamic || sc.type == rope_scaling_type::longrope;
 }
+
+namespace detail {
+
+/// The largest angle p * theta'_k rope accepts, exclusive: 2^53. Below it, and
+/// with p < 2^53 (exact in double), rope_angle_cos_sin keeps its error bound.
+inline constexpr double rope_max_angle = 9007199254740992.0;
+
+/// Checks the values a scaling derives from its parameters (docs/formulas.md
+/// 3.5) once each, after check_rope_scaling passed: YaRN's correction range and
+/// mscale denominator, Llama 3's wavelength bounds and band width, LongRoPE's
+/// ln(L0), and the attention factor of every rule. Throws posenc::error naming
+/// the derived value and the fields it comes from.
+inline void check_rope_derived(char const* where, rope_scaling const& sc, index_t rotary_dim, double base) {
+  index_t const l0 = sc.original_max_position_embeddings;
+  switch (sc.type) {
+    case rope_scaling_type::yarn: {
+      auto [lo, hi] = yarn_correction_range(rotary_dim, base, sc.beta_fast, sc.beta_slow, l0, sc.truncate);
+      if (lo == hi) hi += 0.001;  // as compute_rope_frequencies does
+      require(std::isfinite(lo) && std::isfinite(hi) && lo < hi, where, "yarn correction range is (", lo, ", ", hi,
+              "), expected finite bounds with low < high (from beta_fast ", sc.beta_fast, ", beta_slow ", sc.beta_slow,
+              ", original_max_position_embeddings ", l0, ", base ", base, ", rotary_dim ", rotary_dim, ")");
+      if (!sc.attention_factor && sc.mscale && sc.mscale_all_dim && *sc.mscale != 0.0 && *sc.mscale_all_dim != 0.0) {
+        // g(s, mscale_all_dim) = 0.1 m ln(s) + 1 divides: zero, or zero up to the
+        // rounding of its terms (a few ulps of 0.1 m ln(s)), leaves a quotient of noise.
+        double const term = sc.factor <= 1.0 ? 0.0 : 0.1 * *sc.mscale_all_dim * std::log(sc.factor);
+        double const den = yarn_get_mscale(sc.factor, *sc.mscale_all_dim);
+        require(std::isfinite(den) &&
+                    std::abs(den) > 8 * std::numeric_limits<double>::epsilon() * std::max(1.0, std::abs(term)),
+                where, "scaling.mscale_all_dim is ", *sc.mscale_all_dim,
+                ", expected 0.1 * mscale_all_dim * ln(factor) + 1 != 0 (it divides the attention factor; factor ",
+                sc.factor, ")");
+      }
+      break;
+    }
+    case rope_scaling_type::llama3: {
+      double const l = static_cast<double>(l0);
+      require(normal_positive(l / sc.high_freq_factor), where, "scaling.high_freq_factor is ", sc.high_freq_factor,
+              ", expected original_max_position_embeddings (", l0,
+              ") / high_freq_factor, the high-frequency wavelength bound, to be finite and normal");
+      require(normal_positive(l / sc.low_freq_factor), where, "scaling.low_freq_factor is ", sc.low_freq_factor,
+              ", expected original_max_position_embeddings (", l0,
+              ") / low_freq_factor, the low-frequency wavelength bound, to be finite and normal");
+      require(normal_positive(sc.high_freq_factor - sc.low_freq_factor), where,
+              "scaling.high_freq_factor - low_freq_factor is ", sc.high_freq_factor - sc.low_freq_factor,
+              ", expected a finite normal number > 0 (it divides the middle-band weight)");
+      break;
+    }
+    case rope_scaling_type::longrope: {
+      if (sc.attention_factor) break;
+      double const s = sc.has_factor ? sc.factor
+                                     : static_cast<double>(sc.max_position_embeddings) / static_cast<double>(l0);
+      require(s <= 1.0 || l0 >= 2, where, "scaling.original_max_position_embeddings is ", l0,
+              ", expected >= 2 (the attention factor divides by ln(original_max_position_embeddings); or give "
+              "scaling.attention_factor)");
+      break;
+    }
+    default: break;
+  }
+  double const a = rope_attention_factor(sc);
+  require(normal_positive(a), where, "attention factor is ", a, ", expected a finite normal number > 0 (derived by ",
+          to_string(sc.type), " scaling from its parameters)");
+}
+
+/// Checks derived frequencies: every theta'_k finite, normal, > 0 and below
+/// 2^53 (so that position 1 still has an accepted angle).
+inline void check_rope_frequencies(char const* where, rope_frequencies const& f, index_t length) {
+  for (std::size_t k = 0; k < f.inv_freq.size(); ++k) {
+    double const t = f.inv_freq[k];
+    require(normal_positive(t) && t < rope_max_angle, where, "frequency theta'_", k, " is ", t, " at length ", length,
+            ", expected a finite normal number > 0 and < 2^53 (from base and scaling)");
+  }
+}
+
+}  // namespace detail
 
 // ---------------------------------------------------------------------------
 // Hugging Face style parameters
@@ -434,8 +521,8 @@ class hf_reader {
     return it->second;
   }
   double positive(char const* key) const {
-    double v = get(key, hf_value::kind::number, "a finite number > 0").number();
-    require(finite_positive(v), where_, key, " is ", v, ", expected a finite number > 0");
+    double v = get(key, hf_value::kind::number, "a finite normal number > 0").number();
+    require(normal_positive(v), where_, key, " is ", v, ", expected a finite normal number > 0");
     return v;
   }
   double finite(char const* key) const {
@@ -487,6 +574,25 @@ inline rope_options rope_options_from_hf(hf_rope_params const& p, index_t head_d
             " is not a known key, expected one of rope_type, type, rope_theta, partial_rotary_factor, factor, "
             "max_position_embeddings, original_max_position_embeddings, beta_fast, beta_slow, truncate, "
             "attention_factor, mscale, mscale_all_dim, low_freq_factor, high_freq_factor, short_factor, long_factor");
+  }
+  // A known key holds one kind of value whichever rope_type reads it: a wrong
+  // kind is an error even for a key the chosen rule ignores.
+  for (auto const& kv : p) {
+    std::string const& k = kv.first;
+    hf_value::kind want = hf_value::kind::number;
+    char const* expected = "a number";
+    if (k == "rope_type" || k == "type") {
+      want = hf_value::kind::string;
+      expected = "a string";
+    } else if (k == "truncate") {
+      want = hf_value::kind::boolean;
+      expected = "true or false";
+    } else if (k == "short_factor" || k == "long_factor") {
+      want = hf_value::kind::list;
+      expected = "a list of numbers";
+    }
+    detail::require(kv.second.type() == want, where, k, " is ", detail::hf_kind_name(kv.second.type()), ", expected ",
+                    expected);
   }
   detail::hf_reader in(where, p);
   rope_options o;
