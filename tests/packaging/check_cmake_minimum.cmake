@@ -33,8 +33,13 @@ set(_features
   "block\\(|3.25"
   "return\\(PROPAGATE|3.25")
 
-file(GLOB_RECURSE _files LIST_DIRECTORIES false
-     ${SRC}/CMakeLists.txt ${SRC}/*.cmake ${SRC}/*.cmake.in)
+# The project's own CMake files (build trees inside the source tree are not read).
+set(_files ${SRC}/CMakeLists.txt)
+foreach(dir cmake tests bench examples)
+  file(GLOB_RECURSE _more LIST_DIRECTORIES false ${SRC}/${dir}/CMakeLists.txt ${SRC}/${dir}/*.cmake
+       ${SRC}/${dir}/*.cmake.in)
+  list(APPEND _files ${_more})
+endforeach()
 set(_bad "")
 foreach(f IN LISTS _files)
   file(RELATIVE_PATH _rel ${SRC} ${f})
