@@ -172,11 +172,7 @@ case_result run_case(posenc_test::onnx_case const& c) {
 
 TEMPLATE_TEST_CASE("onnx conformance: every Attention case", "[conformance][onnx]", posenc::path::reference,
                    posenc::path::materialized, posenc::path::fused) {
-  std::string const dir = posenc_test::onnx_dir();
-  if (dir.empty()) {
-    WARN("ONNX conformance data not found (set POSENC_ONNX_DIR): skipped");
-    return;
-  }
+  std::string const dir = posenc_test::onnx_dir_or_skip();
   auto const names = posenc_test::onnx_case_names(dir, "test_attention");
   REQUIRE(names.size() == 76);
   int ran = 0;

@@ -94,11 +94,7 @@ void run_case(std::string const& dir, std::string const& name) {
 }  // namespace
 
 TEST_CASE("onnx RotaryEmbedding: the 8 backend cases at 1e-5", "[rope][onnx]") {
-  std::string const dir = posenc_test::onnx_dir();
-  if (dir.empty()) {
-    WARN("ONNX conformance data not found (../shared/conformance/onnx or $POSENC_ONNX_DIR): RotaryEmbedding cases skipped");
-    return;
-  }
+  std::string const dir = posenc_test::onnx_dir_or_skip();
   auto const names = posenc_test::onnx_case_names(dir, "test_rotary_embedding");
   REQUIRE(names.size() == 8);
   for (auto const& n : names) run_case(dir, n);

@@ -6,12 +6,31 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "support/catch.hpp"
 #include "support/random.hpp"
 
 namespace simd = posenc::simd;
+
+// The shim's version guards agree with what the installed xsimd declares
+// (argument-dependent lookup finds reduce_add / hadd only when xsimd has them).
+namespace xsimd_probe {
+template <class B, class = void>
+struct has_reduce_add : std::false_type {};
+template <class B>
+struct has_reduce_add<B, std::void_t<decltype(reduce_add(std::declval<B const&>()))>> : std::true_type {};
+template <class B, class = void>
+struct has_hadd : std::false_type {};
+template <class B>
+struct has_hadd<B, std::void_t<decltype(hadd(std::declval<B const&>()))>> : std::true_type {};
+}  // namespace xsimd_probe
+static_assert(xsimd_probe::has_reduce_add<simd::batch<float>>::value == bool(POSENC_XSIMD_HAS_REDUCE),
+              "POSENC_XSIMD_HAS_REDUCE disagrees with the installed xsimd");
+static_assert(POSENC_XSIMD_HAS_REDUCE || xsimd_probe::has_hadd<simd::batch<float>>::value,
+              "xsimd without reduce_add must have hadd");
 
 TEMPLATE_TEST_CASE("simd: load/store, partial load/store round-trip", "[simd]", float, double) {
   constexpr auto W = simd::width<TestType>;

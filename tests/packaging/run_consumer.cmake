@@ -1,13 +1,27 @@
 # SPDX-License-Identifier: MIT
 # Configures, builds and runs one consumer project:
-#   cmake -DKIND=... -DSRC=... -DWORK=... [-DCXX=<compiler>] -P run_consumer.cmake
+#   cmake -DKIND=... -DSRC=... -DWORK=... [-DINIT=<initial cache>] [-DGENERATOR=...
+#         -DGENERATOR_PLATFORM=... -DGENERATOR_TOOLSET=...] -P run_consumer.cmake
+# INIT (written by tests/packaging/CMakeLists.txt) holds the configuration under test:
+# compiler, CMAKE_PREFIX_PATH, FETCHCONTENT_* and the Eigen / xsimd packages found. Each
+# consumer is configured with it and then checked to have used that configuration.
 # KIND find_package consumes posenc twice: installed into a prefix, and from its
 # build tree (export()) without installing.
 file(REMOVE_RECURSE ${WORK})
 file(MAKE_DIRECTORY ${WORK})
+set(_init_text "")
+if(INIT)
+  file(READ ${INIT} _init_text)
+endif()
 set(_common -DCMAKE_BUILD_TYPE=Release)
-if(CXX)
-  list(APPEND _common -DCMAKE_CXX_COMPILER=${CXX})
+if(GENERATOR)
+  list(APPEND _common -G ${GENERATOR})
+endif()
+if(GENERATOR_PLATFORM)
+  list(APPEND _common -A ${GENERATOR_PLATFORM})
+endif()
+if(GENERATOR_TOOLSET)
+  list(APPEND _common -T ${GENERATOR_TOOLSET})
 endif()
 
 function(run_step what)
@@ -18,23 +32,77 @@ function(run_step what)
   set(step_output "${out}" PARENT_SCOPE)
 endfunction()
 
-# consume(<build dir> <extra configure args>...): configure, build and run the consumer.
-function(consume dir)
+# init_cache(<name> <extra prefix>): INIT, with <extra prefix> put in front of CMAKE_PREFIX_PATH.
+function(init_cache name extra_prefix)
+  set(_text "${_init_text}")
+  if(extra_prefix)
+    string(APPEND _text "set(CMAKE_PREFIX_PATH \"${extra_prefix};\${CMAKE_PREFIX_PATH}\" CACHE STRING \"\" FORCE)\n")
+  endif()
+  file(WRITE ${WORK}/${name}-init.cmake "${_text}")
+endfunction()
+
+# check_cache(<build dir>): the build used the generator, compiler and packages of INIT.
+function(check_cache dir)
+  file(STRINGS ${WORK}/${dir}/CMakeCache.txt _cache)
+  set(_wrong "")
+  foreach(line IN LISTS _cache)
+    if(line MATCHES "^CMAKE_GENERATOR:INTERNAL=(.*)$" AND GENERATOR)
+      if(NOT CMAKE_MATCH_1 STREQUAL GENERATOR)
+        string(APPEND _wrong "  generator ${CMAKE_MATCH_1}, expected ${GENERATOR}\n")
+      endif()
+    endif()
+    foreach(var CMAKE_CXX_COMPILER Eigen3_DIR xsimd_DIR)
+      if(line MATCHES "^${var}:[A-Z]+=(.*)$" AND _init_text MATCHES "set\\(${var} \"([^\"]*)\"")
+        set(_want "${CMAKE_MATCH_1}")
+        string(REGEX MATCH "^${var}:[A-Z]+=(.*)$" _m "${line}")
+        get_filename_component(_got_real "${CMAKE_MATCH_1}" REALPATH)
+        get_filename_component(_want_real "${_want}" REALPATH)
+        if(NOT _got_real STREQUAL _want_real)
+          string(APPEND _wrong "  ${var} is ${CMAKE_MATCH_1}, expected ${_want}\n")
+        endif()
+      endif()
+    endforeach()
+  endforeach()
+  if(_wrong)
+    message(FATAL_ERROR "the ${KIND} consumer (${dir}) did not use the configuration under test:\n${_wrong}")
+  endif()
+endfunction()
+
+# The consumer's executable, for single- and multi-configuration generators.
+function(find_consumer dir)
+  foreach(p ${WORK}/${dir}/consumer ${WORK}/${dir}/consumer.exe ${WORK}/${dir}/Release/consumer
+          ${WORK}/${dir}/Release/consumer.exe)
+    if(EXISTS ${p} AND NOT IS_DIRECTORY ${p})
+      set(consumer_exe ${p} PARENT_SCOPE)
+      return()
+    endif()
+  endforeach()
+  message(FATAL_ERROR "no consumer executable under ${WORK}/${dir}")
+endfunction()
+
+# consume(<build dir> <extra prefix> <extra configure args>...): configure, check, build
+# and run the consumer.
+function(consume dir extra_prefix)
+  init_cache(${dir} "${extra_prefix}")
   run_step("configuring the ${KIND} consumer (${dir})"
-           ${CMAKE_COMMAND} -S ${SRC}/tests/packaging/${KIND} -B ${WORK}/${dir} -DPOSENC_SOURCE_DIR=${SRC}
-           ${_common} ${ARGN})
-  run_step("building the ${KIND} consumer (${dir})" ${CMAKE_COMMAND} --build ${WORK}/${dir})
-  run_step("running the ${KIND} consumer (${dir})" ${WORK}/${dir}/consumer)
+           ${CMAKE_COMMAND} -C ${WORK}/${dir}-init.cmake -S ${SRC}/tests/packaging/${KIND} -B ${WORK}/${dir}
+           -DPOSENC_SOURCE_DIR=${SRC} ${_common} ${ARGN})
+  check_cache(${dir})
+  run_step("building the ${KIND} consumer (${dir})" ${CMAKE_COMMAND} --build ${WORK}/${dir} --config Release)
+  find_consumer(${dir})
+  run_step("running the ${KIND} consumer (${dir})" ${consumer_exe})
   message(STATUS "${dir}: ${step_output}")
 endfunction()
 
 if(KIND STREQUAL "find_package")
-  run_step("configuring posenc" ${CMAKE_COMMAND} -S ${SRC} -B ${WORK}/posenc-build ${_common}
-           -DPOSENC_BUILD_TESTS=OFF -DPOSENC_BUILD_BENCH=OFF -DPOSENC_BUILD_EXAMPLES=OFF -DPOSENC_INSTALL=ON)
-  run_step("installing posenc" ${CMAKE_COMMAND} --install ${WORK}/posenc-build --prefix ${WORK}/prefix)
-  consume(build -DCMAKE_PREFIX_PATH=${WORK}/prefix)
-  consume(build-tree -Dposenc_DIR=${WORK}/posenc-build)
+  init_cache(posenc-build "")
+  run_step("configuring posenc" ${CMAKE_COMMAND} -C ${WORK}/posenc-build-init.cmake -S ${SRC} -B ${WORK}/posenc-build
+           ${_common} -DPOSENC_BUILD_TESTS=OFF -DPOSENC_BUILD_BENCH=OFF -DPOSENC_BUILD_EXAMPLES=OFF -DPOSENC_INSTALL=ON)
+  check_cache(posenc-build)
+  run_step("installing posenc" ${CMAKE_COMMAND} --install ${WORK}/posenc-build --prefix ${WORK}/prefix --config Release)
+  consume(build ${WORK}/prefix)
+  consume(build-tree "" -Dposenc_DIR=${WORK}/posenc-build)
 else()
-  consume(build)
+  consume(build "")
 endif()
 message(STATUS "${KIND} consumer: ok")

@@ -3,12 +3,15 @@
 // (format: that folder's README). The data is read at test time, never copied.
 #pragma once
 
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <map>
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include "support/catch.hpp"
 
 namespace posenc_test {
 
@@ -50,6 +53,31 @@ inline std::string onnx_dir() {
   if (dir.empty()) return {};
   std::ifstream probe(dir + "/index.txt");
   return probe ? dir : std::string{};
+}
+
+/// Exit status of a test program whose data is absent; ctest reports such a test as
+/// skipped (SKIP_RETURN_CODE in tests/CMakeLists.txt).
+inline constexpr int skip_return_code = 77;
+
+/// True when $POSENC_REQUIRE_ONNX is set to anything but "" or "0" (scripts/test.sh sets it
+/// under CI, where the conformance data is always present).
+inline bool onnx_required() {
+  char const* env = std::getenv("POSENC_REQUIRE_ONNX");
+  return env != nullptr && *env != '\0' && std::string(env) != "0";
+}
+
+/// The folder of the ONNX cases, for a test case that needs them. When it is absent the
+/// test fails if onnx_required(), else the program prints why and exits with
+/// skip_return_code: no test reports "passed" without having compared anything.
+inline std::string onnx_dir_or_skip() {
+  std::string dir = onnx_dir();
+  if (!dir.empty()) return dir;
+  if (onnx_required())
+    FAIL("ONNX conformance data not found ($POSENC_ONNX_DIR or ../shared/conformance/onnx) "
+         "and POSENC_REQUIRE_ONNX is set");
+  std::printf("ONNX conformance data not found ($POSENC_ONNX_DIR or ../shared/conformance/onnx): skipped\n");
+  std::fflush(stdout);
+  std::exit(skip_return_code);
 }
 
 /// Case names listed in index.txt that start with `prefix`.

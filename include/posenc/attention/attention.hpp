@@ -116,7 +116,30 @@ void attention(view<const detail::identity_t<T>> q, view<const detail::identity_
                   "posenc::attention: this encoder adds to embeddings, which the attention kernel "
                   "cannot reach; call its add_to() on the input embeddings before the projections, "
                   "or use multi_head_attention");
-    if constexpr (!encoder_traits<E>::adds_to_embeddings)
+    // The encoder contract (encoding/traits.hpp): at most one of these fires.
+    using detail::contract_problem;
+    constexpr contract_problem problem = detail::encoder_contract_problem<E, T>();
+    static_assert(problem != contract_problem::value_type,
+                  "posenc::attention: the encoder's value_type is not the element type of q, k, v and out; "
+                  "build the encoder with the views' element type (e.g. rope<float> for float views)");
+    static_assert(problem != contract_problem::max_positions,
+                  "posenc::attention: the encoder has no `index_t max_positions() const`; every encoder "
+                  "needs one (return 0 when any position works)");
+    static_assert(problem != contract_problem::rotate,
+                  "posenc::attention: encoder_traits<E>::rotates_queries_keys is true but the encoder has no "
+                  "`rotate(view<T>, position_span, index_t) const` for the views' element type T");
+    static_assert(problem != contract_problem::bias_row,
+                  "posenc::attention: encoder_traits<E>::biases_scores is true but the encoder has no "
+                  "`bias_row(index_t, index_t, index_t, index_t, T*) const` for the views' element type T");
+    static_assert(problem != contract_problem::heads,
+                  "posenc::attention: encoder_traits<E>::biases_scores is true but the encoder has no "
+                  "`index_t heads() const` (return 0 when any head count works)");
+    static_assert(problem != contract_problem::relative_key_value,
+                  "posenc::attention: encoder_traits<E>::relative_key_value is true but the encoder lacks one of "
+                  "`score_row(T const*, index_t, index_t, index_t, T, T*) const`, "
+                  "`value_row(T const*, index_t, index_t, index_t, T*) const`, `bool has_values() const`, "
+                  "`index_t head_dim() const` for the views' element type T");
+    if constexpr (!encoder_traits<E>::adds_to_embeddings && problem == contract_problem::none)
       detail::run_attention<Path, false>(q, k, v, out, enc, opt);
   }
 }

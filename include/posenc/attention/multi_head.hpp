@@ -36,6 +36,35 @@ struct mha_config {
 /// @tparam T float or double
 template <class Encoder, class T = float>
 class multi_head_attention {
+  // The encoder contract (encoding/traits.hpp), additive encoders included: at most one fires.
+  static_assert(has_encoder_traits_v<Encoder>,
+                "posenc::multi_head_attention: Encoder is not an encoder; specialize "
+                "posenc::encoder_traits<Encoder> (see posenc/encoding/traits.hpp)");
+  static constexpr detail::contract_problem problem_ = detail::encoder_contract_problem<Encoder, T>();
+  static_assert(problem_ != detail::contract_problem::value_type,
+                "posenc::multi_head_attention: the encoder's value_type is not T; build the encoder with "
+                "the layer's element type (e.g. multi_head_attention<rope<float>, float>)");
+  static_assert(problem_ != detail::contract_problem::max_positions,
+                "posenc::multi_head_attention: the encoder has no `index_t max_positions() const`; every "
+                "encoder needs one (return 0 when any position works)");
+  static_assert(problem_ != detail::contract_problem::add_to,
+                "posenc::multi_head_attention: encoder_traits<Encoder>::adds_to_embeddings is true but the "
+                "encoder has no `add_to(token_view<T>, position_span) const`");
+  static_assert(problem_ != detail::contract_problem::rotate,
+                "posenc::multi_head_attention: encoder_traits<Encoder>::rotates_queries_keys is true but the "
+                "encoder has no `rotate(view<T>, position_span, index_t) const`");
+  static_assert(problem_ != detail::contract_problem::bias_row,
+                "posenc::multi_head_attention: encoder_traits<Encoder>::biases_scores is true but the encoder "
+                "has no `bias_row(index_t, index_t, index_t, index_t, T*) const`");
+  static_assert(problem_ != detail::contract_problem::heads,
+                "posenc::multi_head_attention: encoder_traits<Encoder>::biases_scores is true but the encoder "
+                "has no `index_t heads() const` (return 0 when any head count works)");
+  static_assert(problem_ != detail::contract_problem::relative_key_value,
+                "posenc::multi_head_attention: encoder_traits<Encoder>::relative_key_value is true but the "
+                "encoder lacks one of `score_row(T const*, index_t, index_t, index_t, T, T*) const`, "
+                "`value_row(T const*, index_t, index_t, index_t, T*) const`, `bool has_values() const`, "
+                "`index_t head_dim() const`");
+
  public:
   using matrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
   using vector = Eigen::Matrix<T, Eigen::Dynamic, 1>;

@@ -1,9 +1,12 @@
 // SPDX-License-Identifier: MIT
 // The one place that knows the xsimd version: batches, loads, reductions, exp, pair swaps.
 //
-// Tested with Debian's xsimd 8.1. The branches for newer xsimd are the
-// documented API changes: hadd -> reduce_add (10+, hadd removed in 14),
-// batch_constant<batch<U, A>, V...> -> batch_constant<U, A, V...> (13+).
+// Supports xsimd 8.1 .. 14; tested with Debian's xsimd 8.1, and against the 9.x
+// names through tests/support/xsimd9. The version branches follow xsimd's
+// Changelog.rst: 9.0 renamed hadd to reduce_add and added reduce_max; 13.0 spells
+// a constant batch batch_constant<U, A, V...> instead of batch_constant<batch<U, A>, V...>.
+// Everything else used here (load/store, fma, exp, select, swizzle, Arch::name,
+// Arch::alignment, register_type) is spelled the same from 8.1 to 14.
 #pragma once
 
 #include <algorithm>
@@ -15,6 +18,12 @@
 #include <xsimd/xsimd.hpp>
 
 #include "posenc/core/span.hpp"
+
+/// 1 when xsimd has reduce_add and reduce_max (9.0 and later; hadd before).
+#define POSENC_XSIMD_HAS_REDUCE (XSIMD_VERSION_MAJOR >= 9)
+/// 1 when xsimd spells a constant batch batch_constant<U, A, V...> (13.0 and later;
+/// batch_constant<batch<U, A>, V...> before).
+#define POSENC_XSIMD_BATCH_CONSTANT_TYPE_ARCH (XSIMD_VERSION_MAJOR >= 13)
 
 /// Forces inlining of a small kernel whose register-resident state must not
 /// be spilled across a call (GCC and Clang; a plain `inline` elsewhere).
@@ -170,7 +179,7 @@ inline constexpr int vector_registers = std::is_base_of<xsimd::avx512f, Arch>::v
 /// Sum of the lanes.
 template <class T, class Arch>
 inline T reduce_add(batch<T, Arch> const& b) noexcept {
-#if XSIMD_VERSION_MAJOR >= 10
+#if POSENC_XSIMD_HAS_REDUCE
   return xsimd::reduce_add(b);
 #else
   return xsimd::hadd(b);
@@ -180,7 +189,7 @@ inline T reduce_add(batch<T, Arch> const& b) noexcept {
 /// Largest lane.
 template <class T, class Arch>
 inline T reduce_max(batch<T, Arch> const& b) noexcept {
-#if XSIMD_VERSION_MAJOR >= 10
+#if POSENC_XSIMD_HAS_REDUCE
   return xsimd::reduce_max(b);
 #else
   alignas(Arch::alignment()) T buf[batch<T, Arch>::size];
@@ -200,7 +209,7 @@ using index_of = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t
 template <class T, class Arch, index_of<T>... Idx>
 inline batch<T, Arch> swizzle_const(batch<T, Arch> const& b) noexcept {
   using U = index_of<T>;
-#if XSIMD_VERSION_MAJOR >= 13
+#if POSENC_XSIMD_BATCH_CONSTANT_TYPE_ARCH
   return xsimd::swizzle(b, xsimd::batch_constant<U, Arch, Idx...>());
 #else
   return xsimd::swizzle(b, xsimd::batch_constant<xsimd::batch<U, Arch>, Idx...>());

@@ -149,4 +149,17 @@ struct encoder_traits<compose<E...>> {
   static constexpr bool is_relative = (is_relative_v<E> && ...);
 };
 
+namespace detail {
+/// compose<E...> keeps the encoder contract when every part keeps it for its
+/// own traits; the first part that does not names the problem.
+template <class... E, class T>
+struct encoder_contract<compose<E...>, T> {
+  static constexpr contract_problem problem = [] {
+    contract_problem first = contract_problem::none;
+    ((first = first != contract_problem::none ? first : encoder_contract_problem<E, T>()), ...);
+    return first;
+  }();
+};
+}  // namespace detail
+
 }  // namespace posenc

@@ -110,6 +110,114 @@ bool rotation_reserved(E const& enc, index_t length) {
 }
 }  // namespace detail
 
+/// @name The encoder contract, checked where an encoder enters the library
+///
+/// posenc::attention and multi_head_attention check, at compile time and for
+/// the element type T of their views, that the encoder keeps the contract of
+/// the table above, and say in one sentence what is missing instead of an
+/// overload error from deep inside a kernel:
+/// - `E::value_type`, when E declares one, is T (an encoder without it, such as
+///   none, compose or a generic test encoder, must work with any T);
+/// - `index_t max_positions() const` exists;
+/// - for each trait that is true, its hooks are callable with the argument
+///   types in the table (T* for T, views of T), const, with results convertible
+///   to the types shown.
+/// compose<E...> keeps the contract when every part keeps it for its own traits.
+/// @{
+namespace detail {
+
+template <class E, class = void>
+struct declared_value_type {
+  using type = void;  // none declared: any element type
+};
+template <class E>
+struct declared_value_type<E, std::void_t<typename E::value_type>> {
+  using type = typename E::value_type;
+};
+
+template <class E, class = void>
+struct has_max_positions_hook : std::false_type {};
+template <class E>
+struct has_max_positions_hook<E, std::void_t<decltype(index_t(std::declval<E const&>().max_positions()))>>
+    : std::true_type {};
+
+template <class E, class T, class = void>
+struct has_add_to_hook : std::false_type {};
+template <class E, class T>
+struct has_add_to_hook<E, T, std::void_t<decltype(std::declval<E const&>().add_to(
+                                 std::declval<token_view<T>>(), std::declval<position_span>()))>>
+    : std::true_type {};
+
+template <class E, class T, class = void>
+struct has_rotate_hook : std::false_type {};
+template <class E, class T>
+struct has_rotate_hook<E, T, std::void_t<decltype(std::declval<E const&>().rotate(
+                                 std::declval<view<T>>(), std::declval<position_span>(), index_t{}))>>
+    : std::true_type {};
+
+template <class E, class T, class = void>
+struct has_bias_row_hook : std::false_type {};
+template <class E, class T>
+struct has_bias_row_hook<E, T, std::void_t<decltype(std::declval<E const&>().bias_row(
+                                   index_t{}, index_t{}, index_t{}, index_t{}, std::declval<T*>()))>>
+    : std::true_type {};
+
+template <class E, class = void>
+struct has_heads_hook : std::false_type {};
+template <class E>
+struct has_heads_hook<E, std::void_t<decltype(index_t(std::declval<E const&>().heads()))>> : std::true_type {};
+
+template <class E, class T, class = void>
+struct has_relative_key_value_hooks : std::false_type {};
+template <class E, class T>
+struct has_relative_key_value_hooks<
+    E, T,
+    std::void_t<decltype(std::declval<E const&>().score_row(std::declval<T const*>(), index_t{}, index_t{},
+                                                            index_t{}, std::declval<T>(), std::declval<T*>())),
+                decltype(std::declval<E const&>().value_row(std::declval<T const*>(), index_t{}, index_t{},
+                                                            index_t{}, std::declval<T*>())),
+                decltype(bool(std::declval<E const&>().has_values())),
+                decltype(index_t(std::declval<E const&>().head_dim()))>> : std::true_type {};
+
+/// The first broken clause of the encoder contract, in the order the checks report them.
+enum class contract_problem { none, value_type, max_positions, add_to, rotate, bias_row, heads, relative_key_value };
+
+/// Checks encoder E (with encoder_traits) for element type T; compose.hpp
+/// specializes it to check every part.
+template <class E, class T>
+struct encoder_contract {
+  using traits = encoder_traits<E>;
+  using declared = typename declared_value_type<E>::type;
+  static constexpr contract_problem problem =
+      !(std::is_void<declared>::value || std::is_same<declared, T>::value) ? contract_problem::value_type
+      : !has_max_positions_hook<E>::value                                   ? contract_problem::max_positions
+      : traits::adds_to_embeddings && !has_add_to_hook<E, T>::value         ? contract_problem::add_to
+      : traits::rotates_queries_keys && !has_rotate_hook<E, T>::value       ? contract_problem::rotate
+      : traits::biases_scores && !has_bias_row_hook<E, T>::value            ? contract_problem::bias_row
+      : traits::biases_scores && !has_heads_hook<E>::value                  ? contract_problem::heads
+      : traits::relative_key_value && !has_relative_key_value_hooks<E, T>::value
+          ? contract_problem::relative_key_value
+          : contract_problem::none;
+};
+
+/// encoder_contract<E, T>::problem; `none` for a type without encoder_traits
+/// (that has its own static_assert).
+template <class E, class T>
+constexpr contract_problem encoder_contract_problem() {
+  if constexpr (has_encoder_traits<std::remove_cv_t<E>>::value)
+    return encoder_contract<std::remove_cv_t<E>, std::remove_cv_t<T>>::problem;
+  else
+    return contract_problem::none;
+}
+
+}  // namespace detail
+
+/// True when encoder E keeps the encoder contract for views of element type T.
+template <class E, class T>
+inline constexpr bool keeps_encoder_contract_v =
+    detail::encoder_contract_problem<E, T>() == detail::contract_problem::none;
+/// @}
+
 template <class E>
 inline constexpr bool adds_to_embeddings_v = checked_encoder_traits<E>::adds_to_embeddings;
 template <class E>
