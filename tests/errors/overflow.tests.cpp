@@ -284,9 +284,9 @@ TEST_CASE("positions outside position_limit are rejected before any arithmetic o
     posenc::alibi<float> a(posenc::alibi_form::paper, 2);
     std::vector<float> row(4, 0.0f);
     REQUIRE_THROWS_WITH(a.add_bias(0, 3, max_index - 1, {row.data(), 4}),
-                        posenc_test::contains("posenc::alibi::add_bias: k_pos is 9223372036854775806, expected 0 .. "));
+                        posenc_test::contains("posenc::alibi::add_bias: k_pos is 9223372036854775806, expected <= 1152921504606846976 (position_limit)"));
     REQUIRE_THROWS_WITH(a.add_bias(0, 3, lim - 1, {row.data(), 4}),
-                        posenc_test::contains("last k_pos is 1152921504606846978, expected 0 .. "));
+                        posenc_test::contains("last k_pos is 1152921504606846978, expected <= "));
     for (float x : row) CHECK(x == 0.0f);
     posenc::clipped_bias<float> cb(2, 2, std::uint64_t{1});
     REQUIRE_THROWS_WITH(cb.add_bias(0, max_index, 0, {row.data(), 4}),
@@ -317,16 +317,33 @@ TEST_CASE("a sliding window wider than any distance behaves as causal at the edg
 
 TEST_CASE("a mask with extents but a null data pointer is an error, not 'no mask'", "[errors]") {
   expect_attention_error([](call& c) { c.opt.mask = posenc::make_mask<float>(nullptr, 2, 1, 3, 4); },
-                         "mask.data is null, expected a buffer for its extents, or a default-constructed "
+                         "mask.data is null, expected a buffer of 24 elements, or a default-constructed "
                          "mask_view for no mask (extents 2 x 1 x 3 x 4)");
-  expect_attention_error([](call& c) { c.opt.bool_mask = posenc::make_mask<bool>(nullptr, 1, 1, 1, 0); },
-                         "bool_mask.data is null, expected a buffer for its extents");
-  // A default-constructed mask is still "no mask".
+  expect_attention_error([](call& c) { c.opt.bool_mask = posenc::make_mask<bool>(nullptr, 1, 2, 1, 4); },
+                         "bool_mask.data is null, expected a buffer of 8 elements");
+  expect_attention_error(
+      [](call& c) {
+        c.opt.mask = posenc::make_mask<float>(nullptr, 1, 1, 1, 4);
+        c.opt.mask.q_stride = big;
+      },
+      "mask.data is null, expected a buffer of 4 elements");
+  // A default-constructed mask is still "no mask"; one without elements (key
+  // extent 0, e.g. over an empty std::vector) masks every key, on every path.
   call c;
   posenc::attention<posenc::path::reference>(c.qv, c.kv, c.vv, c.ov, posenc::none{}, c.opt);
   CHECK(!c.untouched());
   CHECK(c.opt.mask.empty());
   CHECK(c.opt.bool_mask.empty());
+  call r, m, f;
+  for (call* x : {&r, &m, &f}) {
+    x->opt.mask = posenc::make_mask<float>(nullptr, 2, 2, 3, 0);
+    x->opt.mask.q_stride = 5;  // never applied to the null pointer
+  }
+  posenc::attention<posenc::path::reference>(r.qv, r.kv, r.vv, r.ov, posenc::none{}, r.opt);
+  posenc::attention<posenc::path::materialized>(m.qv, m.kv, m.vv, m.ov, posenc::none{}, m.opt);
+  posenc::attention<posenc::path::fused>(f.qv, f.kv, f.vv, f.ov, posenc::none{}, f.opt);
+  for (call* x : {&r, &m, &f})
+    for (float o : x->out) CHECK(o == 0.0f);
 }
 
 TEST_CASE("kv_cache::append gives the strong guarantee", "[errors]") {

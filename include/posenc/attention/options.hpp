@@ -39,9 +39,10 @@ struct mask_view {
   index_t batch = 0, heads = 0, q = 0, k = 0;
   index_t batch_stride = 0, head_stride = 0, q_stride = 0;
 
-  /// No mask: a null data pointer. Only a default-constructed mask (every
-  /// extent 0) may be null; validation rejects a null mask with extents.
-  bool empty() const noexcept { return data == nullptr; }
+  /// No mask: a default-constructed mask_view (null data, every extent 0).
+  /// Validation rejects a null data pointer with elements to read; a null
+  /// mask with extents but no elements (key extent 0) masks every key.
+  bool empty() const noexcept { return data == nullptr && batch == 0 && heads == 0 && q == 0 && k == 0; }
   /// Pointer to the key row of (b, h, i); broadcast dims read index 0.
   T const* row(index_t b, index_t h, index_t i) const noexcept {
     return data + (batch == 1 ? 0 : b) * batch_stride + (heads == 1 ? 0 : h) * head_stride +

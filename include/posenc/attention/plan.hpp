@@ -275,20 +275,14 @@ struct kernel {
   }
 };
 
-/// Checks a (batch, heads, q, k) mask against the call's shapes: a null mask
-/// must be default-constructed (every extent 0: no mask), and the largest
-/// element offset (sum of (extent - 1) x |stride|, broadcast dims excluded)
-/// must fit index_t.
+/// Checks a (batch, heads, q, k) mask against the call's shapes: a null data
+/// pointer only with no element to read (a default-constructed mask_view is
+/// no mask), and the element count and the largest element offset (sum of
+/// (extent - 1) x |stride|, broadcast dims excluded) fit index_t.
 template <class M>
 void check_mask(char const* where, char const* name, mask_view<M> const& m, index_t B, index_t Hq,
                 index_t Sq, index_t Sk) {
-  if (m.data == nullptr) {
-    require(m.batch == 0 && m.heads == 0 && m.q == 0 && m.k == 0, where, name,
-            ".data is null, expected a buffer for its extents, or a default-constructed mask_view for "
-            "no mask (extents ",
-            m.batch, " x ", m.heads, " x ", m.q, " x ", m.k, ")");
-    return;
-  }
+  if (m.empty()) return;
   require(m.batch == 1 || m.batch == B, where, name, ".batch is ", m.batch, ", expected 1 or ", B,
           " (q.batch)");
   require(m.heads == 1 || m.heads == Hq, where, name, ".heads is ", m.heads, ", expected 1 or ", Hq,
@@ -296,6 +290,12 @@ void check_mask(char const* where, char const* name, mask_view<M> const& m, inde
   require(m.q == 1 || m.q == Sq, where, name, ".q is ", m.q, ", expected 1 or ", Sq, " (q.seq)");
   require(m.k >= 0 && m.k <= Sk, where, name, ".k is ", m.k, ", expected 0 .. ", Sk,
           " (k.seq; a shorter key extent masks the keys past it)");
+  index_t n = checked_mul(where, m.batch, m.heads, name, ".batch x ", name, ".heads");
+  n = checked_mul(where, n, m.q, name, ".batch x ", name, ".heads x ", name, ".q");
+  n = checked_mul(where, n, m.k, name, ".batch x ", name, ".heads x ", name, ".q x ", name, ".k");
+  require(m.data != nullptr || n == 0, where, name, ".data is null, expected a buffer of ", n,
+          " elements, or a default-constructed mask_view for no mask (extents ", m.batch, " x ", m.heads, " x ",
+          m.q, " x ", m.k, ")");
   // Broadcast dims (extent 1) contribute nothing: their stride is ignored.
   index_t off = checked_span_of(where, m.batch, m.batch_stride, "(", name, ".batch - 1) x |", name,
                                 ".batch_stride|");
@@ -458,6 +458,11 @@ attention_plan<T> make_plan(view<const T> q, view<const T> k, view<const T> v, v
   }
   p.mask = opt.mask;
   p.bool_mask = opt.bool_mask;
+  // A null mask with extents has no element (validated): its rows are never
+  // read, and zero strides keep row() at the null pointer itself.
+  if (!p.mask.empty() && p.mask.data == nullptr) p.mask.batch_stride = p.mask.head_stride = p.mask.q_stride = 0;
+  if (!p.bool_mask.empty() && p.bool_mask.data == nullptr)
+    p.bool_mask.batch_stride = p.bool_mask.head_stride = p.bool_mask.q_stride = 0;
   p.lse = opt.lse;
   p.scores = opt.scores;
   p.stage = opt.scores_stage;

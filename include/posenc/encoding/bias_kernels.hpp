@@ -124,8 +124,8 @@ inline std::uint64_t run_length(index_t d, index_t end) noexcept {
 
 /// Throws unless 0 <= `pos` <= position_limit.
 inline void check_position(char const* where, char const* name, index_t pos) {
-  require(pos >= 0 && pos <= position_limit, where, name, " is ", pos, ", expected 0 .. ", position_limit,
-          " (position_limit)");
+  require(pos >= 0, where, name, " is ", pos, ", expected >= 0");
+  require(pos <= position_limit, where, name, " is ", pos, ", expected <= ", position_limit, " (position_limit)");
 }
 
 /// Rows of a clipped-distance table, 2 * max_distance + 1, checked for overflow.
