@@ -3,8 +3,10 @@
 #pragma once
 
 #include <algorithm>
+#include <limits>
 #include <vector>
 
+#include "posenc/core/checked.hpp"
 #include "posenc/core/error.hpp"
 #include "posenc/core/positions.hpp"
 #include "posenc/core/view.hpp"
@@ -36,11 +38,18 @@ class kv_cache {
     detail::require(kv_heads >= 0, w, "kv_heads is ", kv_heads, ", expected >= 0");
     detail::require(head_dim >= 0, w, "head_dim is ", head_dim, ", expected >= 0");
     detail::require(value_dim >= 0, w, "value_dim is ", value_dim, ", expected >= 0");
-    detail::require(first_position >= 0, w, "first_position is ", first_position, ", expected >= 0");
+    detail::require(first_position >= 0 && first_position <= position_limit, w, "first_position is ",
+                    first_position, ", expected 0 .. ", position_limit, " (position_limit)");
+    token_elements(w, "capacity", 1);  // one token of keys and of values fits index_t
   }
 
   /// Appends k (batch, S, kv_heads, head_dim) and v (batch, S, kv_heads, value_dim)
   /// as the next S tokens; rotates the stored keys when the encoder rotates.
+  ///
+  /// Strong guarantee: every check (shapes, sizes, positions, and the encoder's
+  /// own checks, which run on a rotated copy of the new keys) happens before
+  /// the storage is reallocated or written; after a failed append the cache
+  /// and every view taken from it are unchanged.
   template <class E>
   void append(view<const T> k, view<const T> v, E const& enc) {
     char const* w = "posenc::kv_cache::append";
@@ -55,24 +64,35 @@ class kv_cache {
     detail::check_equal(w, "v.seq", v.seq, k.seq, "k.seq");
     index_t const n = k.seq;
     if (n == 0) return;
-    reserve(len_ + n);
+    index_t const len = detail::checked_add(w, len_, n, "length() + k.seq");
+    index_t const p0 = first_ + len_;  // <= position_limit: checked by the previous append
+    detail::require(n - 1 <= position_limit - p0, w, "last new position is ", p0, " + ", n - 1,
+                    " (next_position() + k.seq - 1), expected <= ", position_limit, " (position_limit)");
+    grown_capacity(w, len);  // the storage size for `len` tokens fits index_t
+    // The new keys, rotated in a scratch copy (batch, n, kv_heads, head_dim):
+    // the encoder checks the view and the positions before the storage changes.
+    std::vector<T> fresh;
+    view<const T> src = k;
+    if constexpr (encoder_traits<E>::rotates_queries_keys) {
+      fresh.resize(static_cast<std::size_t>(batch_ * n * heads_ * dim_));  // fits: k passed check_view
+      view<T> f = make_bshd(fresh.data(), batch_, n, heads_, dim_);
+      for (index_t b = 0; b < batch_; ++b)
+        for (index_t s = 0; s < n; ++s)
+          for (index_t h = 0; h < heads_; ++h) std::copy(k.ptr(b, s, h), k.ptr(b, s, h) + dim_, f.ptr(b, s, h));
+      enc.rotate(f, position_span(p0), p0 + n);
+      src = f;
+    } else {
+      (void)enc;
+    }
+    reserve_checked(w, len);
     view<T> kd = key_storage(), vd = value_storage();
     for (index_t b = 0; b < batch_; ++b)
       for (index_t s = 0; s < n; ++s)
         for (index_t h = 0; h < heads_; ++h) {
-          std::copy(k.ptr(b, s, h), k.ptr(b, s, h) + dim_, kd.ptr(b, len_ + s, h));
+          std::copy(src.ptr(b, s, h), src.ptr(b, s, h) + dim_, kd.ptr(b, len_ + s, h));
           std::copy(v.ptr(b, s, h), v.ptr(b, s, h) + vdim_, vd.ptr(b, len_ + s, h));
         }
-    if constexpr (encoder_traits<E>::rotates_queries_keys) {
-      view<T> fresh = kd;
-      fresh.data = kd.data + len_ * kd.seq_stride;
-      fresh.seq = n;
-      index_t const p0 = first_ + len_;
-      enc.rotate(fresh, position_span(p0), p0 + n);
-    } else {
-      (void)enc;
-    }
-    len_ += n;
+    len_ = len;
   }
 
   /// Cached keys (batch, length(), kv_heads, head_dim), rotated when the encoder rotates.
@@ -92,10 +112,42 @@ class kv_cache {
   /// Forgets every token (keeps the storage).
   void clear() noexcept { len_ = 0; }
 
-  /// Makes room for `tokens` tokens without reallocating on append.
+  /// Makes room for `tokens` tokens without reallocating on append. Throws
+  /// posenc::error (cache unchanged) when tokens < 0 or the storage size
+  /// batch x tokens x kv_heads x head_dim (or value_dim) overflows index_t.
   void reserve(index_t tokens) {
+    char const* w = "posenc::kv_cache::reserve";
+    detail::require(tokens >= 0, w, "tokens is ", tokens, ", expected >= 0");
+    reserve_checked(w, tokens);
+  }
+
+ private:
+  // Elements of `tokens` tokens of keys and of values (the larger of the two),
+  // checked: batch x tokens x kv_heads x max(head_dim, value_dim).
+  index_t token_elements(char const* w, char const* what, index_t tokens) const {
+    index_t const d = std::max(dim_, vdim_);
+    index_t n = detail::checked_mul(w, batch_, tokens, "batch x ", what);
+    n = detail::checked_mul(w, n, heads_, "batch x ", what, " x kv_heads");
+    return detail::checked_mul(w, n, d, "batch x ", what, " x kv_heads x ", dim_ >= vdim_ ? "head_dim" : "value_dim");
+  }
+  // Capacity after making room for `tokens`: geometric growth, never past what
+  // fits index_t; throws when `tokens` itself does not fit.
+  index_t grown_capacity(char const* w, index_t tokens) const {
+    if (tokens <= cap_) return cap_;
+    token_elements(w, "capacity", tokens);
+    index_t const doubled = cap_ <= std::numeric_limits<index_t>::max() / 2 ? 2 * cap_ : tokens;
+    if (doubled <= tokens) return tokens;
+    index_t n = 0;  // the doubled capacity when its size fits, else exactly `tokens`
+    if (!detail::overflow_free<'*'>(batch_, doubled, n) || !detail::overflow_free<'*'>(n, heads_, n) ||
+        !detail::overflow_free<'*'>(n, std::max(dim_, vdim_), n))
+      return tokens;
+    return doubled;
+  }
+  // Grows the storage to at least `tokens` (sizes checked first); the old
+  // storage is replaced only after the new one is filled.
+  void reserve_checked(char const* w, index_t tokens) {
     if (tokens <= cap_) return;
-    index_t const cap = std::max(tokens, 2 * cap_);
+    index_t const cap = grown_capacity(w, tokens);
     std::vector<T> nk(static_cast<std::size_t>(batch_ * cap * heads_ * dim_));
     std::vector<T> nv(static_cast<std::size_t>(batch_ * cap * heads_ * vdim_));
     for (index_t b = 0; b < batch_; ++b) {
@@ -109,7 +161,6 @@ class kv_cache {
     cap_ = cap;
   }
 
- private:
   view<T> storage(T* data, index_t d) noexcept {
     return {data, batch_, len_, heads_, d, cap_ * heads_ * d, heads_ * d, d, 1};
   }

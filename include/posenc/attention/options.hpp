@@ -4,6 +4,7 @@
 
 #include <optional>
 
+#include "posenc/core/checked.hpp"
 #include "posenc/core/positions.hpp"
 #include "posenc/core/span.hpp"
 
@@ -38,7 +39,10 @@ struct mask_view {
   index_t batch = 0, heads = 0, q = 0, k = 0;
   index_t batch_stride = 0, head_stride = 0, q_stride = 0;
 
-  bool empty() const noexcept { return data == nullptr; }
+  /// No mask: a default-constructed mask_view (null data, every extent 0).
+  /// Validation rejects a null data pointer with elements to read; a null
+  /// mask with extents but no elements (key extent 0) masks every key.
+  bool empty() const noexcept { return data == nullptr && batch == 0 && heads == 0 && q == 0 && k == 0; }
   /// Pointer to the key row of (b, h, i); broadcast dims read index 0.
   T const* row(index_t b, index_t h, index_t i) const noexcept {
     return data + (batch == 1 ? 0 : b) * batch_stride + (heads == 1 ? 0 : h) * head_stride +
@@ -50,7 +54,8 @@ struct mask_view {
 /// heads, q may be 1 to broadcast.
 template <class T>
 mask_view<T> make_mask(T const* data, index_t batch, index_t heads, index_t q, index_t k) noexcept {
-  return {data, batch, heads, q, k, heads * q * k, q * k, k};
+  using detail::wrapping_mul;  // huge extents wrap here; the attention checks reject them
+  return {data, batch, heads, q, k, wrapping_mul(wrapping_mul(heads, q), k), wrapping_mul(q, k), k};
 }
 
 /// Options of posenc::attention. Defaults give plain softmax(q k^T / sqrt(d)) v.

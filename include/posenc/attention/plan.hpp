@@ -60,6 +60,7 @@
 
 #include "posenc/attention/options.hpp"
 #include "posenc/core/aligned_buffer.hpp"
+#include "posenc/core/checked.hpp"
 #include "posenc/core/error.hpp"
 #include "posenc/core/positions.hpp"
 #include "posenc/core/span.hpp"
@@ -277,7 +278,10 @@ struct kernel {
   }
 };
 
-/// Checks a (batch, heads, q, k) mask against the call's shapes.
+/// Checks a (batch, heads, q, k) mask against the call's shapes: a null data
+/// pointer only with no element to read (a default-constructed mask_view is
+/// no mask), and the element count and the largest element offset (sum of
+/// (extent - 1) x |stride|, broadcast dims excluded) fit index_t.
 template <class M>
 void check_mask(char const* where, char const* name, mask_view<M> const& m, index_t B, index_t Hq,
                 index_t Sq, index_t Sk) {
@@ -289,6 +293,23 @@ void check_mask(char const* where, char const* name, mask_view<M> const& m, inde
   require(m.q == 1 || m.q == Sq, where, name, ".q is ", m.q, ", expected 1 or ", Sq, " (q.seq)");
   require(m.k >= 0 && m.k <= Sk, where, name, ".k is ", m.k, ", expected 0 .. ", Sk,
           " (k.seq; a shorter key extent masks the keys past it)");
+  index_t n = checked_mul(where, m.batch, m.heads, name, ".batch x ", name, ".heads");
+  n = checked_mul(where, n, m.q, name, ".batch x ", name, ".heads x ", name, ".q");
+  n = checked_mul(where, n, m.k, name, ".batch x ", name, ".heads x ", name, ".q x ", name, ".k");
+  require(m.data != nullptr || n == 0, where, name, ".data is null, expected a buffer of ", n,
+          " elements, or a default-constructed mask_view for no mask (extents ", m.batch, " x ", m.heads, " x ",
+          m.q, " x ", m.k, ")");
+  // Broadcast dims (extent 1) contribute nothing: their stride is ignored.
+  index_t off = checked_span_of(where, m.batch, m.batch_stride, "(", name, ".batch - 1) x |", name,
+                                ".batch_stride|");
+  off = checked_add(where, off,
+                    checked_span_of(where, m.heads, m.head_stride, "(", name, ".heads - 1) x |", name,
+                                    ".head_stride|"),
+                    "the largest offset of ", name, " (batch and head terms)");
+  off = checked_add(where, off,
+                    checked_span_of(where, m.q, m.q_stride, "(", name, ".q - 1) x |", name, ".q_stride|"),
+                    "the largest offset of ", name, " (batch, head and q terms)");
+  checked_add(where, off, m.k > 0 ? m.k - 1 : 0, "the largest offset of ", name);
 }
 
 /// Validates every argument of posenc::attention; throws posenc::error before any write.
@@ -332,6 +353,17 @@ void validate(view<const T> q, view<const T> k, view<const T> v, view<T> out, E 
   require(opt.sliding_window >= 0, w, "sliding_window is ", opt.sliding_window,
           ", expected >= 0 (0 = off)");
   index_t const B = q.batch, Sq = q.seq, Sk = k.seq;
+  // Positions: key j sits at j by default and query i at key_length - Sq + i,
+  // so both lengths stay within the accepted position range (and key indices
+  // far below the fused kernel's sentinel); the per-(batch, head) Sq x Sk
+  // scores of the materialized path have a size that fits index_t.
+  require(Sq <= position_limit, w, "q.seq is ", Sq, ", expected <= ", position_limit, " (position_limit)");
+  require(Sk <= position_limit, w, "k.seq is ", Sk, ", expected <= ", position_limit, " (position_limit)");
+  checked_mul(w, Sq, Sk, "q.seq x k.seq");
+  if (opt.scores) {
+    checked_mul(w, checked_mul(w, B, q.heads, "q.batch x q.heads") * Sq, Sk,
+                "scores size q.batch x q.heads x q.seq x k.seq");
+  }
   if (!opt.key_lengths.empty() || opt.key_lengths.data() != nullptr) {
     require(opt.key_lengths.size() == B, w, "key_lengths has ", opt.key_lengths.size(),
             " entries, expected ", B, " (q.batch)");
@@ -408,7 +440,9 @@ attention_plan<T> make_plan(view<const T> q, view<const T> k, view<const T> v, v
   p.value_dim = v.dim;
   p.scale = opt.scale ? *opt.scale : (q.dim > 0 ? 1.0 / std::sqrt(static_cast<double>(q.dim)) : 1.0);
   p.softcap = opt.softcap;
-  p.window = opt.sliding_window;
+  // A window wider than any distance between accepted positions (2 x
+  // position_limit) sees every causal key: clamped, p_i - window + 1 cannot overflow.
+  p.window = std::min(opt.sliding_window, 2 * position_limit + 1);
   p.causal = opt.causal || opt.sliding_window > 0;
   p.k_valid.assign(static_cast<std::size_t>(p.batch), p.k_len);
   if (!opt.key_lengths.empty()) {
@@ -436,6 +470,11 @@ attention_plan<T> make_plan(view<const T> q, view<const T> k, view<const T> v, v
   }
   p.mask = opt.mask;
   p.bool_mask = opt.bool_mask;
+  // A null mask with extents has no element (validated): its rows are never
+  // read, and zero strides keep row() at the null pointer itself.
+  if (!p.mask.empty() && p.mask.data == nullptr) p.mask.batch_stride = p.mask.head_stride = p.mask.q_stride = 0;
+  if (!p.bool_mask.empty() && p.bool_mask.data == nullptr)
+    p.bool_mask.batch_stride = p.bool_mask.head_stride = p.bool_mask.q_stride = 0;
   p.lse = opt.lse;
   p.scores = opt.scores;
   p.stage = opt.scores_stage;

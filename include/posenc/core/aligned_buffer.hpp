@@ -9,6 +9,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "posenc/core/checked.hpp"
 #include "posenc/core/error.hpp"
 #include "posenc/core/span.hpp"
 
@@ -25,11 +26,12 @@ class aligned_buffer {
   static constexpr std::size_t alignment = 64;
 
   aligned_buffer() noexcept = default;
-  /// n zero elements; throws posenc::error when n < 0.
-  explicit aligned_buffer(index_t n) : size_(n) {
-    detail::require(n >= 0, "posenc::aligned_buffer", "n is ", n, ", expected >= 0");
+  /// n zero elements; throws posenc::error when n < 0 or when n * sizeof(T),
+  /// rounded up to the alignment, does not fit index_t.
+  explicit aligned_buffer(index_t n) {
+    std::size_t const bytes = bytes_for(n);
+    size_ = n;
     if (n > 0) {
-      std::size_t bytes = (static_cast<std::size_t>(n) * sizeof(T) + alignment - 1) / alignment * alignment;
       data_ = static_cast<T*>(::operator new(bytes, std::align_val_t(alignment)));
       std::memset(static_cast<void*>(data_), 0, bytes);
     }
@@ -37,12 +39,9 @@ class aligned_buffer {
   /// n elements left uninitialised (scratch that is written before it is read).
   static aligned_buffer uninitialized(index_t n) {
     aligned_buffer b;
-    detail::require(n >= 0, "posenc::aligned_buffer", "n is ", n, ", expected >= 0");
+    std::size_t const bytes = bytes_for(n);
     b.size_ = n;
-    if (n > 0) {
-      std::size_t bytes = (static_cast<std::size_t>(n) * sizeof(T) + alignment - 1) / alignment * alignment;
-      b.data_ = static_cast<T*>(::operator new(bytes, std::align_val_t(alignment)));
-    }
+    if (n > 0) b.data_ = static_cast<T*>(::operator new(bytes, std::align_val_t(alignment)));
     return b;
   }
   aligned_buffer(aligned_buffer const& o) : aligned_buffer(o.size_) {
@@ -71,6 +70,16 @@ class aligned_buffer {
   T const* end() const noexcept { return data_ + size_; }
 
  private:
+  // Bytes to allocate for n elements: n * sizeof(T) rounded up to a multiple
+  // of the alignment, checked for index_t overflow before anything is allocated.
+  static std::size_t bytes_for(index_t n) {
+    char const* w = "posenc::aligned_buffer";
+    detail::require(n >= 0, w, "n is ", n, ", expected >= 0");
+    constexpr index_t a = static_cast<index_t>(alignment), size = static_cast<index_t>(sizeof(T));
+    index_t const bytes = detail::checked_mul(w, n, size, "n x sizeof(T)");
+    return static_cast<std::size_t>(detail::checked_add(w, bytes, a - 1, "n x sizeof(T) + alignment - 1") / a * a);
+  }
+
   T* data_ = nullptr;
   index_t size_ = 0;
 };

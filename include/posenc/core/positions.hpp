@@ -4,10 +4,21 @@
 
 #include <algorithm>
 
+#include "posenc/core/checked.hpp"
 #include "posenc/core/error.hpp"
 #include "posenc/core/span.hpp"
 
 namespace posenc {
+
+/// Largest |position| the library accepts: 2^60. Validation rejects any
+/// position (an offset, a per-batch offset, an explicit id, or the last
+/// position offset + seq - 1) outside [-position_limit, position_limit], with
+/// an error naming it. Inside that range every sum or difference the library
+/// forms from positions, sequence lengths and a sliding window (p_j - p_i,
+/// p_i - window + 1, key_length - Sq + i, ...) stays below 2^62, far from
+/// index_t overflow (2^63) and from the fused kernel's internal key sentinel
+/// (INT64_MAX / 4, about 2^61, compared with key indices only).
+inline constexpr index_t position_limit = index_t{1} << 60;
 
 /// Position ids for a (batch, seq) grid of tokens. Three forms:
 /// - `position_span(first)`: token s of every batch entry is at `first + s`
@@ -44,21 +55,24 @@ class position_span {
   bool is_explicit() const noexcept { return ids_ != nullptr; }
   bool is_per_batch() const noexcept { return firsts_ != nullptr; }
 
-  /// Checks only that the span covers (batch, seq); ids may be negative
-  /// (attention query positions before the first key).
+  /// Checks that the span covers (batch, seq) and that every position is in
+  /// [-position_limit, position_limit]; ids may be negative (attention query
+  /// positions before the first key).
   void validate_shape(char const* where, char const* name, index_t batch, index_t seq) const {
     if (ids_) {
       detail::require(ids_batch_ == batch || ids_batch_ == 1, where, name, " batch is ", ids_batch_,
                       ", expected ", batch, " or 1");
       detail::require(ids_seq_ == seq, where, name, " seq is ", ids_seq_, ", expected ", seq);
+      detail::checked_mul(where, ids_batch_, ids_seq_, name, " batch x ", name, " seq");
     }
     if (firsts_) {
       detail::require(firsts_size_ == batch, where, name, " has ", firsts_size_,
                       " per-batch offsets, expected ", batch);
     }
+    validate_range(where, name, batch, seq);
   }
 
-  /// Checks the span covers (batch, seq) and that every id is >= 0.
+  /// Checks the span covers (batch, seq) and that every position is in [0, position_limit].
   void validate(char const* where, char const* name, index_t batch, index_t seq) const {
     validate_shape(where, name, batch, seq);
     for (index_t b = 0; b < (ids_ && ids_batch_ == 1 ? std::min<index_t>(batch, 1) : batch); ++b) {
@@ -73,6 +87,36 @@ class position_span {
         index_t p = at(b, s);
         detail::require(p >= 0, where, name, " position of batch ", b, " token ", s, " is ", p,
                         ", expected >= 0");
+      }
+    }
+  }
+
+  /// Checks that every position of (batch, seq) is in [-position_limit,
+  /// position_limit]: each explicit id, or an offset and offset + seq - 1.
+  void validate_range(char const* where, char const* name, index_t batch, index_t seq) const {
+    constexpr index_t lim = position_limit;
+    if (seq <= 0 || batch <= 0) return;
+    if (ids_) {
+      for (index_t b = 0; b < (ids_batch_ == 1 ? 1 : batch); ++b)
+        for (index_t s = 0; s < seq; ++s) {
+          index_t const p = at(b, s);
+          detail::require(p >= -lim && p <= lim, where, name, " position of batch ", b, " token ", s, " is ", p,
+                          ", expected |position| <= ", lim, " (position_limit)");
+        }
+      return;
+    }
+    for (index_t b = 0; b < (firsts_ ? batch : 1); ++b) {
+      index_t const first = firsts_ ? firsts_[b] : first_;
+      if (firsts_) {
+        detail::require(first >= -lim && first <= lim, where, name, " offset of batch ", b, " is ", first,
+                        ", expected |offset| <= ", lim, " (position_limit)");
+        detail::require(seq - 1 <= lim - first, where, name, " last position of batch ", b, " is ", first, " + ",
+                        seq - 1, " (offset + seq - 1), expected <= ", lim, " (position_limit)");
+      } else {
+        detail::require(first >= -lim && first <= lim, where, name, " offset is ", first,
+                        ", expected |offset| <= ", lim, " (position_limit)");
+        detail::require(seq - 1 <= lim - first, where, name, " last position is ", first, " + ", seq - 1,
+                        " (offset + seq - 1), expected <= ", lim, " (position_limit)");
       }
     }
   }

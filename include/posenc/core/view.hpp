@@ -4,6 +4,7 @@
 
 #include <type_traits>
 
+#include "posenc/core/checked.hpp"
 #include "posenc/core/error.hpp"
 #include "posenc/core/span.hpp"
 
@@ -53,24 +54,28 @@ struct token_view {
 /// View over a contiguous buffer laid out (batch, seq, head, dim).
 template <class T>
 view<T> make_bshd(T* data, index_t batch, index_t seq, index_t heads, index_t dim) noexcept {
-  return {data, batch, seq, heads, dim, seq * heads * dim, heads * dim, dim, 1};
+  using detail::wrapping_mul;  // huge extents wrap here; check_view rejects them
+  return {data, batch, seq, heads, dim, wrapping_mul(wrapping_mul(seq, heads), dim), wrapping_mul(heads, dim), dim, 1};
 }
 
 /// View over a contiguous buffer laid out (batch, head, seq, dim).
 template <class T>
 view<T> make_bhsd(T* data, index_t batch, index_t heads, index_t seq, index_t dim) noexcept {
-  return {data, batch, seq, heads, dim, heads * seq * dim, dim, seq * dim, 1};
+  using detail::wrapping_mul;  // huge extents wrap here; check_view rejects them
+  return {data, batch, seq, heads, dim, wrapping_mul(wrapping_mul(heads, seq), dim), dim, wrapping_mul(seq, dim), 1};
 }
 
 /// View over a contiguous buffer laid out (batch, seq, dim).
 template <class T>
 token_view<T> make_bsd(T* data, index_t batch, index_t seq, index_t dim) noexcept {
-  return {data, batch, seq, dim, seq * dim, dim, 1};
+  return {data, batch, seq, dim, detail::wrapping_mul(seq, dim), dim, 1};
 }
 
 namespace detail {
 
-/// Checks sizes, the contiguous last dim and null data of a 4-D view.
+/// Checks sizes, the contiguous last dim and null data of a 4-D view, and that
+/// the element count (batch x seq x heads x dim, each partial product) and the
+/// largest strided offset (sum of (extent - 1) x |stride|) fit index_t.
 /// `where` is "posenc::<function>", `name` the argument ("q", "k", ...).
 template <class T>
 void check_view(char const* where, char const* name, view<T> const& v) {
@@ -80,8 +85,21 @@ void check_view(char const* where, char const* name, view<T> const& v) {
   require(v.dim >= 0, where, name, ".dim is ", v.dim, ", expected >= 0");
   require(v.dim_stride == 1 || v.dim <= 1, where, name, ".dim_stride is ", v.dim_stride,
           ", expected 1 (the last dim must be contiguous)");
-  require(v.data != nullptr || v.size() == 0, where, name, ".data is null, expected a buffer of ",
-          v.size(), " elements");
+  // Every partial product of the extents and the largest strided offset fit index_t,
+  // so that neither the element count nor any ptr(b, s, h) can wrap around.
+  index_t n = checked_mul(where, v.batch, v.seq, name, ".batch x ", name, ".seq");
+  n = checked_mul(where, n, v.heads, name, ".batch x ", name, ".seq x ", name, ".heads");
+  n = checked_mul(where, n, v.dim, name, ".batch x ", name, ".seq x ", name, ".heads x ", name, ".dim");
+  index_t off = checked_span_of(where, v.batch, v.batch_stride, "(", name, ".batch - 1) x |", name, ".batch_stride|");
+  off = checked_add(where, off, checked_span_of(where, v.seq, v.seq_stride, "(", name, ".seq - 1) x |", name,
+                                                ".seq_stride|"),
+                    "the largest offset of ", name, " (batch and seq terms)");
+  off = checked_add(where, off, checked_span_of(where, v.heads, v.head_stride, "(", name, ".heads - 1) x |", name,
+                                                ".head_stride|"),
+                    "the largest offset of ", name, " (batch, seq and head terms)");
+  checked_add(where, off, checked_span_of(where, v.dim, v.dim_stride, "(", name, ".dim - 1) x |", name, ".dim_stride|"),
+              "the largest offset of ", name);
+  require(v.data != nullptr || n == 0, where, name, ".data is null, expected a buffer of ", n, " elements");
 }
 
 template <class T>
@@ -91,8 +109,15 @@ void check_view(char const* where, char const* name, token_view<T> const& v) {
   require(v.dim >= 0, where, name, ".dim is ", v.dim, ", expected >= 0");
   require(v.dim_stride == 1 || v.dim <= 1, where, name, ".dim_stride is ", v.dim_stride,
           ", expected 1 (the last dim must be contiguous)");
-  require(v.data != nullptr || v.size() == 0, where, name, ".data is null, expected a buffer of ",
-          v.size(), " elements");
+  index_t n = checked_mul(where, v.batch, v.seq, name, ".batch x ", name, ".seq");
+  n = checked_mul(where, n, v.dim, name, ".batch x ", name, ".seq x ", name, ".dim");
+  index_t off = checked_span_of(where, v.batch, v.batch_stride, "(", name, ".batch - 1) x |", name, ".batch_stride|");
+  off = checked_add(where, off, checked_span_of(where, v.seq, v.seq_stride, "(", name, ".seq - 1) x |", name,
+                                                ".seq_stride|"),
+                    "the largest offset of ", name, " (batch and seq terms)");
+  checked_add(where, off, checked_span_of(where, v.dim, v.dim_stride, "(", name, ".dim - 1) x |", name, ".dim_stride|"),
+              "the largest offset of ", name);
+  require(v.data != nullptr || n == 0, where, name, ".data is null, expected a buffer of ", n, " elements");
 }
 
 /// Requires `got == expected`, naming both: "k.seq is 7, expected 9 (v.seq)".

@@ -2,7 +2,9 @@
 // Shared by the absolute encoders: position ids from padded token ids or an attention mask, and the row add.
 #pragma once
 
+#include "posenc/core/checked.hpp"
 #include "posenc/core/error.hpp"
+#include "posenc/core/positions.hpp"
 #include "posenc/core/simd.hpp"
 #include "posenc/core/span.hpp"
 
@@ -25,10 +27,14 @@ inline void fairseq_positions(span<const index_t> tokens, index_t batch, index_t
   detail::require(seq >= 0, where, "seq is ", seq, ", expected >= 0");
   detail::require(padding_idx >= 0, where, "padding_idx is ", padding_idx, ", expected >= 0");
   detail::require(past_len >= 0, where, "past_len is ", past_len, ", expected >= 0");
-  detail::require(tokens.size() == batch * seq, where, "tokens.size is ", tokens.size(), ", expected ",
-                  batch * seq, " (batch * seq)");
-  detail::require(out.size() == batch * seq, where, "out.size is ", out.size(), ", expected ", batch * seq,
-                  " (batch * seq)");
+  index_t const n = detail::checked_mul(where, batch, seq, "batch x seq");
+  detail::require(tokens.size() == n, where, "tokens.size is ", tokens.size(), ", expected ", n, " (batch * seq)");
+  detail::require(out.size() == n, where, "out.size is ", out.size(), ", expected ", n, " (batch * seq)");
+  // The largest id, padding_idx + past_len + seq, stays in the accepted position range.
+  detail::require(padding_idx <= position_limit && past_len <= position_limit - padding_idx &&
+                      seq <= position_limit - padding_idx - past_len,
+                  where, "padding_idx + past_len + seq is ", padding_idx, " + ", past_len, " + ", seq,
+                  ", expected <= ", position_limit, " (position_limit)");
   for (index_t b = 0; b < batch; ++b) {
     index_t real = 0;
     for (index_t s = 0; s < seq; ++s) {
@@ -62,10 +68,10 @@ void positions_from_mask(span<const M> mask, index_t batch, index_t total, index
   detail::require(batch >= 0, where, "batch is ", batch, ", expected >= 0");
   detail::require(total >= 0, where, "total is ", total, ", expected >= 0");
   detail::require(seq >= 0 && seq <= total, where, "seq is ", seq, ", expected in [0, ", total, "] (total)");
-  detail::require(mask.size() == batch * total, where, "mask.size is ", mask.size(), ", expected ",
-                  batch * total, " (batch * total)");
-  detail::require(out.size() == batch * seq, where, "out.size is ", out.size(), ", expected ", batch * seq,
-                  " (batch * seq)");
+  index_t const nm = detail::checked_mul(where, batch, total, "batch x total");
+  detail::require(mask.size() == nm, where, "mask.size is ", mask.size(), ", expected ", nm, " (batch * total)");
+  index_t const no = batch * seq;  // <= batch * total
+  detail::require(out.size() == no, where, "out.size is ", out.size(), ", expected ", no, " (batch * seq)");
   index_t const past = total - seq;
   for (index_t b = 0; b < batch; ++b) {
     index_t count = 0;

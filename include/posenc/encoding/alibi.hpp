@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "posenc/core/checked.hpp"
 #include "posenc/core/error.hpp"
 #include "posenc/core/simd.hpp"
 #include "posenc/core/span.hpp"
@@ -218,8 +219,8 @@ class alibi {
   void check_common(char const* where) const {
     detail::require(heads_ >= 1, where, "heads is ", heads_, ", expected >= 1");
     detail::require(first_ >= 0, where, "shard.first is ", first_, ", expected >= 0");
-    detail::require(total_ >= first_ + heads_, where, "shard.total is ", total_, ", expected >= ", first_ + heads_,
-                    " (shard.first + heads)");
+    index_t const end = detail::checked_add(where, first_, heads_, "shard.first + heads");
+    detail::require(total_ >= end, where, "shard.total is ", total_, ", expected >= ", end, " (shard.first + heads)");
     if (form_ == alibi_form::shifted) {
       detail::require(key_length_ >= 1, where, "key_length is ", key_length_,
                       ", expected >= 1 (the shifted form needs the key length L)");
@@ -233,10 +234,12 @@ class alibi {
     detail::rel::check_head(where, head, heads_);
     detail::rel::check_position(where, "q_pos", q_pos);
     detail::rel::check_position(where, "k_pos", k_pos_first);
+    index_t const k_last = count > 0 ? detail::checked_add(where, k_pos_first, count - 1, "k_pos + count - 1") : 0;
+    detail::rel::check_position(where, "last k_pos", k_last);
     if (form_ == alibi_form::shifted) {
       detail::require(q_pos < key_length_, where, "q_pos is ", q_pos, ", expected < ", key_length_, " (key_length)");
-      detail::require(count == 0 || k_pos_first + count - 1 < key_length_, where, "last k_pos is ",
-                      k_pos_first + count - 1, ", expected < ", key_length_, " (key_length)");
+      detail::require(count == 0 || k_last < key_length_, where, "last k_pos is ", k_last, ", expected < ",
+                      key_length_, " (key_length)");
     }
   }
 

@@ -10,7 +10,9 @@
 #include <type_traits>
 #include <vector>
 
+#include "posenc/core/checked.hpp"
 #include "posenc/core/error.hpp"
+#include "posenc/core/positions.hpp"
 #include "posenc/core/simd.hpp"
 #include "posenc/core/span.hpp"
 
@@ -120,9 +122,15 @@ inline std::uint64_t run_length(index_t d, index_t end) noexcept {
   return static_cast<std::uint64_t>(end) - static_cast<std::uint64_t>(d);
 }
 
-/// Throws unless `pos` >= 0.
+/// Throws unless 0 <= `pos` <= position_limit.
 inline void check_position(char const* where, char const* name, index_t pos) {
   require(pos >= 0, where, name, " is ", pos, ", expected >= 0");
+  require(pos <= position_limit, where, name, " is ", pos, ", expected <= ", position_limit, " (position_limit)");
+}
+
+/// Rows of a clipped-distance table, 2 * max_distance + 1, checked for overflow.
+inline index_t clipped_rows(char const* where, index_t max_distance) {
+  return checked_add(where, checked_mul(where, 2, max_distance, "2 x max_distance"), 1, "2 x max_distance + 1");
 }
 
 /// Throws unless 0 <= head < heads.
@@ -168,6 +176,7 @@ template <class T>
 relative_table<T> seeded_normal_table(char const* where, index_t rows, index_t cols, std::uint64_t seed,
                                       double stddev) {
   require(std::isfinite(stddev) && stddev >= 0.0, where, "stddev is ", stddev, ", expected a finite number >= 0");
+  checked_mul(where, rows, cols, "table rows x columns");
   relative_table<T> t(rows, cols);
   std::mt19937_64 gen(seed);
   auto uniform = [&gen] {  // (0, 1]: 53 random bits

@@ -7,6 +7,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "posenc/core/checked.hpp"
 #include "posenc/core/error.hpp"
 #include "posenc/core/span.hpp"
 #include "posenc/encoding/bias_kernels.hpp"
@@ -109,6 +110,7 @@ class clipped_bias {
   void check_params(char const* where) const {
     detail::require(k_ >= 0, where, "max_distance is ", k_, ", expected >= 0");
     detail::require(heads_ >= 1, where, "heads is ", heads_, ", expected >= 1");
+    detail::checked_mul(where, detail::rel::clipped_rows(where, k_), heads_, "(2 x max_distance + 1) x heads");
   }
 
   void check_call(char const* where, index_t head, index_t q_pos, index_t k_pos) const {

@@ -18,6 +18,7 @@
 #include <type_traits>
 
 #include "posenc/core/aligned_buffer.hpp"
+#include "posenc/core/checked.hpp"
 #include "posenc/core/error.hpp"
 #include "posenc/core/positions.hpp"
 #include "posenc/core/span.hpp"
@@ -69,7 +70,7 @@ class learned {
   /// An encoder owning a copy of `table` (row-major (rows, d_model)).
   static learned copy_of(span<const T> table, index_t rows, index_t d_model, index_t offset = 0) {
     check_table("posenc::learned::copy_of", table, rows, d_model, offset);
-    auto buf = std::make_shared<aligned_buffer<T>>(rows * d_model);
+    auto buf = std::make_shared<aligned_buffer<T>>(rows * d_model);  // fits: check_table
     std::memcpy(buf->data(), table.data(), static_cast<std::size_t>(rows * d_model) * sizeof(T));
     return learned(std::move(buf), rows, d_model, offset);
   }
@@ -92,7 +93,7 @@ class learned {
     detail::require(std::isfinite(stddev) && stddev >= 0, where, "stddev is ", stddev, ", expected >= 0 and finite");
     detail::require(padding_row >= -1 && padding_row < rows, where, "padding_row is ", padding_row,
                     ", expected -1 (none) or in [0, ", rows, ") (rows)");
-    auto buf = std::make_shared<aligned_buffer<T>>(rows * d_model);
+    auto buf = std::make_shared<aligned_buffer<T>>(rows * d_model);  // fits: check_shape
     detail::truncated_normal_fill(buf->data(), rows * d_model, seed, stddev);
     if (padding_row >= 0) std::fill_n(buf->data() + padding_row * d_model, d_model, T(0));
     return learned(std::move(buf), rows, d_model, offset);
@@ -138,11 +139,11 @@ class learned {
   void fill(index_t first_pos, index_t count, span<T> out) const {
     constexpr char const* where = "posenc::learned::fill";
     detail::require(count >= 0, where, "count is ", count, ", expected >= 0");
-    detail::require(out.size() == count * d_, where, "out.size is ", out.size(), ", expected ", count * d_,
-                    " (count * d_model)");
+    index_t const n = detail::checked_mul(where, count, d_, "count x d_model");
+    detail::require(out.size() == n, where, "out.size is ", out.size(), ", expected ", n, " (count * d_model)");
     if (count == 0) return;
     check_row(where, "first_pos", first_pos);
-    check_row(where, "last position", first_pos + count - 1);
+    check_row(where, "last position", detail::checked_add(where, first_pos, count - 1, "first_pos + count - 1"));
     std::memcpy(out.data(), data_ + (first_pos + offset_) * d_, static_cast<std::size_t>(count * d_) * sizeof(T));
   }
 
@@ -187,7 +188,9 @@ class learned {
     constexpr char const* where = "posenc::learned::extended";
     detail::require(new_positions > 0, where, "new_positions is ", new_positions, ", expected > 0");
     index_t const old_positions = rows_ - offset_;
-    auto buf = std::make_shared<aligned_buffer<T>>((offset_ + new_positions) * d_);
+    index_t const new_rows = detail::checked_add(where, offset_, new_positions, "offset + new_positions");
+    auto buf = std::make_shared<aligned_buffer<T>>(
+        detail::checked_mul(where, new_rows, d_, "(offset + new_positions) x d_model"));
     if (offset_ > 0) std::memcpy(buf->data(), data_, static_cast<std::size_t>(offset_ * d_) * sizeof(T));
     T const* src = data_ + offset_ * d_;  // (old_positions, d_)
     T* dst = buf->data() + offset_ * d_;  // (new_positions, d_)
@@ -208,7 +211,7 @@ class learned {
       for (index_t c = 0; c < d_; ++c)
         out[c] = static_cast<T>((1.0 - a) * static_cast<double>(r0[c]) + a * static_cast<double>(r1[c]));
     }
-    return learned(std::move(buf), offset_ + new_positions, d_, offset_);
+    return learned(std::move(buf), new_rows, d_, offset_);
   }
 
  private:
@@ -222,13 +225,14 @@ class learned {
     detail::require(rows > 0, where, "rows is ", rows, ", expected > 0");
     detail::require(offset >= 0 && offset < rows, where, "offset is ", offset, ", expected in [0, ", rows,
                     ") (rows)");
+    detail::checked_mul(where, rows, d_model, "rows x d_model");
   }
   static void check_table(char const* where, span<const T> table, index_t rows, index_t d_model, index_t offset) {
     check_shape(where, rows, d_model, offset);
-    detail::require(table.size() == rows * d_model, where, "table.size is ", table.size(), ", expected ",
-                    rows * d_model, " (rows ", rows, " * d_model ", d_model, ")");
-    detail::require(table.data() != nullptr, where, "table.data is null, expected a buffer of ", rows * d_model,
-                    " elements");
+    index_t const n = rows * d_model;  // fits: check_shape
+    detail::require(table.size() == n, where, "table.size is ", table.size(), ", expected ", n, " (rows ", rows,
+                    " * d_model ", d_model, ")");
+    detail::require(table.data() != nullptr, where, "table.data is null, expected a buffer of ", n, " elements");
   }
   void check_row(char const* where, char const* name, index_t pos) const {
     detail::require(pos >= -offset_ && pos < rows_ - offset_, where, name, " is ", pos, ", expected in [",

@@ -8,6 +8,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "posenc/core/checked.hpp"
 #include "posenc/core/error.hpp"
 #include "posenc/core/span.hpp"
 #include "posenc/encoding/bias_kernels.hpp"
@@ -168,7 +169,10 @@ class shaw {
   }
 
  private:
-  void check_k(char const* where) const { detail::require(k_ >= 1, where, "max_distance is ", k_, ", expected >= 1"); }
+  void check_k(char const* where) const {
+    detail::require(k_ >= 1, where, "max_distance is ", k_, ", expected >= 1");
+    detail::rel::clipped_rows(where, k_);
+  }
 
   void check_tables(Eigen::Ref<const table_type> const& key_table,
                     Eigen::Ref<const table_type> const* value_table) const {

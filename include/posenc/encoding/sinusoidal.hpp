@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "posenc/core/aligned_buffer.hpp"
+#include "posenc/core/checked.hpp"
 #include "posenc/core/error.hpp"
 #include "posenc/core/positions.hpp"
 #include "posenc/core/span.hpp"
@@ -132,7 +133,8 @@ class sinusoidal {
     detail::require(positions >= 0, "posenc::sinusoidal::reserve", "positions is ", positions, ", expected >= 0");
     if (positions <= cached_) return;
     index_t const d = p_.d_model;
-    auto t = std::make_shared<aligned_buffer<T>>(positions * d);
+    auto t = std::make_shared<aligned_buffer<T>>(
+        detail::checked_mul("posenc::sinusoidal::reserve", positions, d, "positions x d_model"));
     if (cached_ > 0) std::memcpy(t->data(), table_->data(), static_cast<std::size_t>(cached_ * d) * sizeof(T));
     for (index_t q = cached_; q < positions; ++q) compute_row(q, t->data() + q * d);
     table_ = std::move(t);
@@ -145,8 +147,9 @@ class sinusoidal {
     constexpr char const* where = "posenc::sinusoidal::fill";
     detail::require(first_pos >= 0, where, "first_pos is ", first_pos, ", expected >= 0");
     detail::require(count >= 0, where, "count is ", count, ", expected >= 0");
-    detail::require(out.size() == count * p_.d_model, where, "out.size is ", out.size(), ", expected ",
-                    count * p_.d_model, " (count * d_model)");
+    index_t const n = detail::checked_mul(where, count, p_.d_model, "count x d_model");
+    detail::require(out.size() == n, where, "out.size is ", out.size(), ", expected ", n, " (count * d_model)");
+    if (count > 0) detail::checked_add(where, first_pos, count - 1, "first_pos + count - 1");
     index_t const d = p_.d_model;
     for (index_t r = 0; r < count; ++r) {
       index_t const q = first_pos + r;

@@ -9,6 +9,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "posenc/core/checked.hpp"
 #include "posenc/core/error.hpp"
 #include "posenc/core/span.hpp"
 #include "posenc/encoding/bias_kernels.hpp"
@@ -161,6 +162,7 @@ class t5_bias {
       detail::require(p_.num_buckets >= 2, where, "num_buckets is ", p_.num_buckets,
                       ", expected >= 2 (unidirectional)");
     }
+    detail::checked_mul(where, p_.num_buckets, p_.heads, "num_buckets x heads");
     index_t const half = p_.bidirectional ? p_.num_buckets / 2 : p_.num_buckets;
     detail::require(p_.max_distance > half / 2, where, "max_distance is ", p_.max_distance, ", expected > ", half / 2,
                     " (max_exact = ", p_.bidirectional ? "num_buckets / 4" : "num_buckets / 2", ")");
