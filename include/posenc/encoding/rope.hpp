@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "posenc/core/aligned_buffer.hpp"
+#include "posenc/core/checked.hpp"
 #include "posenc/core/error.hpp"
 #include "posenc/core/positions.hpp"
 #include "posenc/core/simd.hpp"
@@ -28,25 +29,6 @@
 #include "posenc/encoding/traits.hpp"
 
 namespace posenc {
-
-namespace detail {
-
-/// out = a * b; false (out unspecified) when the product overflows index_t.
-inline bool rope_checked_mul(index_t a, index_t b, index_t& out) noexcept {
-#if defined(__GNUC__) || defined(__clang__)
-  return !__builtin_mul_overflow(a, b, &out);
-#else
-  if (a != 0 && b != 0) {
-    index_t const m = std::numeric_limits<index_t>::max(), n = std::numeric_limits<index_t>::min();
-    bool const bad = a > 0 ? (b > 0 ? a > m / b : b < n / a) : (b > 0 ? a < n / b : a < m / b);
-    if (bad) return false;
-  }
-  out = a * b;
-  return true;
-#endif
-}
-
-}  // namespace detail
 
 /// cos/sin values supplied by the caller instead of computed from theta, as
 /// the ONNX RotaryEmbedding op and TensorRT take them. The values are used as
@@ -79,7 +61,7 @@ struct rope_cache {
     rope_cache c;
     c.cos = cos;
     c.sin = sin;
-    if (!detail::rope_checked_mul(batch, seq, c.rows)) c.rows = -1;
+    if (!detail::overflow_free<'*'>(batch, seq, c.rows)) c.rows = -1;
     c.width = width;
     c.batch = batch;
     c.seq = seq;
@@ -478,8 +460,8 @@ class rope {
                     positions, " .. ", position_limit_, " (positions .. max_positions())");
     index_t const rl = row_len();
     index_t values = 0, bytes = 0;
-    detail::require(detail::rope_checked_mul(positions, rl, values) &&
-                        detail::rope_checked_mul(values, static_cast<index_t>(sizeof(T)), bytes),
+    detail::require(detail::overflow_free<'*'>(positions, rl, values) &&
+                        detail::overflow_free<'*'>(values, static_cast<index_t>(sizeof(T)), bytes),
                     where, "positions is ", positions, ", expected <= ",
                     std::numeric_limits<index_t>::max() / rl / static_cast<index_t>(sizeof(T)),
                     " (the table holds positions * rotary_dim values of ", sizeof(T), " bytes in an index_t)");
@@ -626,7 +608,7 @@ class rope {
                     " (rotary_dim / 2)");
     detail::require(c.rows >= 0, where, "cache.rows is ", c.rows, ", expected >= 0");
     index_t values = 0;
-    detail::require(detail::rope_checked_mul(c.rows, c.width, values), where, "cache.rows is ", c.rows, ", expected <= ",
+    detail::require(detail::overflow_free<'*'>(c.rows, c.width, values), where, "cache.rows is ", c.rows, ", expected <= ",
                     std::numeric_limits<index_t>::max() / std::max<index_t>(c.width, 1),
                     " (rows * width values must fit in index_t)");
     detail::require((c.cos != nullptr && c.sin != nullptr) || values == 0, where,
