@@ -125,7 +125,22 @@ void materialized_attention(attention_plan<T> const& p, view<const T> q, view<co
     rows_map<T> O(direct ? (Sq > 0 ? out.ptr(b, 0, h) : out.data) : opack.data(), Sq, Dv,
                   Eigen::OuterStride<>(direct && Sq > 1 ? out.seq_stride : Dv));
     if (Sk > 0 && Dv > 0) {
-      O.noalias() = S * V;
+      // Keys whose value holds NaN or Inf: the GEMM sees them as zero rows,
+      // and each is added to the rows that gave it a probability > 0 (a row
+      // that cannot see a key must get nothing from it; 0 * NaN would be NaN).
+      std::vector<index_t> bad;
+      for (index_t j = 0; j < Sk; ++j)
+        if (!V.row(j).allFinite()) bad.push_back(j);
+      if (bad.empty()) {
+        O.noalias() = S * V;
+      } else {
+        row_major_t<T> V0 = V;
+        for (index_t j : bad) V0.row(j).setZero();
+        O.noalias() = S * V0;
+        for (index_t j : bad)
+          for (index_t i = 0; i < Sq; ++i)
+            if (S(i, j) != T(0)) O.row(i) += S(i, j) * V.row(j);
+      }
     } else {
       O.setZero();
     }

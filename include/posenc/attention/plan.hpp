@@ -185,7 +185,8 @@ void apply_masks(attention_plan<T> const& plan, index_t b, index_t h, index_t i,
     index_t const mk = plan.mask.k;
     for (index_t t = 0; t < n; ++t) {
       index_t const j = j0 + t;
-      row[t] = j < mk ? row[t] + static_cast<S>(m[j]) : ninf;
+      // -inf masks the key whatever its score holds (a NaN score + -inf would be NaN).
+      row[t] = j < mk && m[j] != -std::numeric_limits<T>::infinity() ? row[t] + static_cast<S>(m[j]) : ninf;
     }
   }
   if (!plan.bool_mask.empty()) {

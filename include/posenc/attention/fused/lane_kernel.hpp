@@ -230,7 +230,11 @@ struct lane_logits {
     B operator()(index_t j, B s) const noexcept {
       s = s * B(f.scale);
       if (f.cap > 0) s = B(f.cap) * simd::tanh(s * B(f.inv_cap));
-      if (per_key) return s + simd::load<T, A>(f.bt + j * Tr::block_q_v + o);
+      if (per_key) {  // -inf terms hide the key whatever its score holds (NaN + -inf is NaN)
+        B const t = simd::load<T, A>(f.bt + j * Tr::block_q_v + o);
+        B const ninf(-std::numeric_limits<T>::infinity());
+        return simd::select(t == ninf, ninf, s + t);
+      }
       if (diagonal) s = s + simd::load<T, A>(f.diag + (f.nk - 1 - j) + o);
       if (bounds) {
         B const jj(static_cast<T>(j));
@@ -247,15 +251,24 @@ struct lane_logits {
 
 /// Tile values: ot = alpha * ot + V^T p for the lanes that hold rows (p: the
 /// tile's probabilities in st, alpha: the rescale factors of the softmax update).
+/// `guarded`: keys add nothing where their probability is 0 (a tile some
+/// lane cannot fully see, whose V holds NaN or Inf).
 template <class Tr>
 void lane_tile_values(typename Tr::value_type const* vt, index_t ldv, index_t keys, index_t value_dim,
                       typename Tr::value_type const* st, index_t nvec, typename Tr::value_type const* alpha,
-                      typename Tr::value_type* ot) noexcept {
+                      typename Tr::value_type* ot, bool guarded) noexcept {
+  using T = typename Tr::value_type;
   constexpr index_t w_v = Tr::width_v, bq_v = Tr::block_q_v, mq_v = Tr::micro_q_v;
   for (index_t g = 0; g < nvec / mq_v; ++g) {
     row_blocks<Tr::micro_rows_v>(value_dim, [&](index_t d0, auto mr) {
-      value_micro<Tr, decltype(mr)::value, mq_v>(vt + d0, ldv, keys, st + g * mq_v * w_v, bq_v, alpha + g * mq_v * w_v,
-                                                 ot + d0 * bq_v + g * mq_v * w_v, bq_v);
+      constexpr int mr_v = decltype(mr)::value;
+      T const* pt = st + g * mq_v * w_v;
+      T const* al = alpha + g * mq_v * w_v;
+      T* o = ot + d0 * bq_v + g * mq_v * w_v;
+      if (guarded)
+        value_micro<Tr, mr_v, mq_v, true>(vt + d0, ldv, keys, pt, bq_v, al, o, bq_v);
+      else
+        value_micro<Tr, mr_v, mq_v, false>(vt + d0, ldv, keys, pt, bq_v, al, o, bq_v);
     });
   }
 }
@@ -297,6 +310,7 @@ void lane_item(lane_item_context<Tr, E> const& c, lane_scratch<Tr> const& sc, in
     T const* vt = c.v.ptr(c.b, t0, c.hk);
     // The tile's keys at consecutive positions (once per tile, for every block).
     bool const diagonal_ready = c.diagonal_bias && keys_consecutive(p, c.b, t0, nk);
+    int v_finite = -1;  // V of the tile all finite: tested once, when a block cannot see all of it
     for (index_t t = 0; t < nb; ++t) {
       tile_plan const tp = plan_tile(keys[t], t0, nk, c.per_key_terms, diagonal_ready);
       if (tp.kind == tile_kind::skipped) continue;
@@ -312,7 +326,12 @@ void lane_item(lane_item_context<Tr, E> const& c, lane_scratch<Tr> const& sc, in
       logit.tp = tp;
       logit.nk = nk;
       lane_softmax_update<Tr>(sc.st, bq_v, tp.keys, nvec, bb.m, bb.l, bb.alpha, logit);
-      lane_tile_values<Tr>(vt, c.v.seq_stride, tp.keys, p.value_dim, sc.st, nvec, bb.alpha, bb.ot);
+      bool guarded = false;
+      if (tp.kind != tile_kind::full && tp.kind != tile_kind::diagonal) {
+        if (v_finite < 0) v_finite = rows_finite<Tr>(vt, c.v.seq_stride, nk, p.value_dim) ? 1 : 0;
+        guarded = v_finite == 0;
+      }
+      lane_tile_values<Tr>(vt, c.v.seq_stride, tp.keys, p.value_dim, sc.st, nvec, bb.alpha, bb.ot, guarded);
     }
   }
   lane_finish_blocks(c, sc, keys, nb);

@@ -10,6 +10,7 @@
 // May include: fused/traits.hpp and core/.
 
 #include <algorithm>
+#include <cmath>
 #include <type_traits>
 
 #include "posenc/attention/fused/traits.hpp"
@@ -80,7 +81,10 @@ inline void score_micro(typename Tr::value_type const* k, index_t ldk, typename 
 
 /// ot[r][lanes] = alpha[lanes] * ot[r][lanes] + sum_j v[j][r] * pt[j][lanes]
 /// for MR output dims (v points at dim d0 of key row 0) and MQ lane vectors.
-template <class Tr, int MR, int MQ>
+/// `Guarded`: a key adds nothing to a lane where its probability is 0, even
+/// when its value is NaN or Inf (0 * NaN would be NaN); for tiles whose V is
+/// not all finite.
+template <class Tr, int MR, int MQ, bool Guarded = false>
 inline void value_micro(typename Tr::value_type const* v, index_t ldv, index_t nk,
                         typename Tr::value_type const* pt, index_t ldp, typename Tr::value_type const* alpha,
                         typename Tr::value_type* ot, index_t ldo) noexcept {
@@ -97,9 +101,18 @@ inline void value_micro(typename Tr::value_type const* v, index_t ldv, index_t n
     B pv[MQ];
     for (int m = 0; m < MQ; ++m) pv[m] = simd::load<T, A>(pt + j * ldp + m * w_v);
     T const* vj = v + j * ldv;
-    for (int r = 0; r < MR; ++r) {
-      B const vb(vj[r]);
-      for (int m = 0; m < MQ; ++m) acc[r][m] = simd::fma(vb, pv[m], acc[r][m]);
+    if constexpr (Guarded) {
+      decltype(pv[0] != pv[0]) seen[MQ];
+      for (int m = 0; m < MQ; ++m) seen[m] = pv[m] != B(T(0));
+      for (int r = 0; r < MR; ++r) {
+        B const vb(vj[r]);
+        for (int m = 0; m < MQ; ++m) acc[r][m] = simd::select(seen[m], simd::fma(vb, pv[m], acc[r][m]), acc[r][m]);
+      }
+    } else {
+      for (int r = 0; r < MR; ++r) {
+        B const vb(vj[r]);
+        for (int m = 0; m < MQ; ++m) acc[r][m] = simd::fma(vb, pv[m], acc[r][m]);
+      }
     }
   }
   for (int r = 0; r < MR; ++r)
@@ -170,7 +183,8 @@ inline void row_scores(typename Tr::value_type const* const* qr, typename Tr::va
 /// o_g = alpha_g * o_g + sum_j p_g[j] v_j over value_dim dims for NG rows (o_g
 /// at o + g * value_dim). Each V row chunk is loaded once for all rows; the
 /// cw_v * NG accumulators of a chunk stay in registers across the keys.
-template <class Tr, int NG>
+/// `Guarded`: keys with p_g[j] = 0 add nothing, even when v_j is NaN or Inf.
+template <class Tr, int NG, bool Guarded = false>
 inline void row_values(typename Tr::value_type const* const* pr, typename Tr::value_type const* alpha,
                        typename Tr::value_type const* v, index_t ldv, index_t nk, index_t value_dim,
                        typename Tr::value_type* o) noexcept {
@@ -190,7 +204,12 @@ inline void row_values(typename Tr::value_type const* const* pr, typename Tr::va
       for (int g = 0; g < NG; ++g) pj[g] = B(pr[g][j]);
       for (int c = 0; c < C; ++c) {
         B const vv = simd::load<T, A>(vj + c * w_v);
-        for (int g = 0; g < NG; ++g) acc[g][c] = simd::fma(pj[g], vv, acc[g][c]);
+        for (int g = 0; g < NG; ++g) {
+          if constexpr (Guarded)
+            acc[g][c] = pr[g][j] != T(0) ? simd::fma(pj[g], vv, acc[g][c]) : acc[g][c];
+          else
+            acc[g][c] = simd::fma(pj[g], vv, acc[g][c]);
+        }
       }
     }
     for (int g = 0; g < NG; ++g)
@@ -202,10 +221,29 @@ inline void row_values(typename Tr::value_type const* const* pr, typename Tr::va
   for (; d < value_dim; ++d) {
     for (int g = 0; g < NG; ++g) {
       T a = o[g * value_dim + d] * alpha[g];
-      for (index_t j = 0; j < nk; ++j) a += pr[g][j] * v[j * ldv + d];
+      for (index_t j = 0; j < nk; ++j)
+        if (!Guarded || pr[g][j] != T(0)) a += pr[g][j] * v[j * ldv + d];
       o[g * value_dim + d] = a;
     }
   }
+}
+
+/// Every element of n rows of `len` values, `ld` apart, is finite (no NaN, no Inf).
+template <class Tr>
+inline bool rows_finite(typename Tr::value_type const* x, index_t ld, index_t n, index_t len) noexcept {
+  using T = typename Tr::value_type;
+  using B = typename Tr::batch;
+  using A = typename Tr::arch;
+  constexpr index_t w_v = Tr::width_v;
+  B acc(T(0));  // x * 0 is 0 for finite x, NaN for NaN and Inf
+  bool finite = true;
+  for (index_t j = 0; j < n; ++j) {
+    T const* r = x + j * ld;
+    index_t d = 0;
+    for (; d + w_v <= len; d += w_v) acc = simd::fma(simd::load<T, A>(r + d), B(T(0)), acc);
+    for (; d < len; ++d) finite = finite && std::isfinite(r[d]);
+  }
+  return finite && simd::reduce_add(acc) == T(0);
 }
 
 /// Asks for the cache lines of n rows of `len` elements, `stride` apart.

@@ -144,6 +144,12 @@ void row_tile(attention_plan<T> const& p, view<const T> k, view<const T> v, E co
     ldk = head_dim;
   }
   T const* vt = v.ptr(b, t0, hk);
+  // A row that cannot see every key of the tile must get nothing from the
+  // others' values, even NaN or Inf ones: then keys with p = 0 are skipped.
+  bool seen_by_all = !p.has_masks();
+  for (index_t g = 0; g < rr.n && seen_by_all; ++g)
+    seen_by_all = rr.kr[g].all && rr.kr[g].first <= t0 && rr.kr[g].last >= t0 + nk;
+  bool const guarded = !seen_by_all && !rows_finite<Tr>(vt, v.seq_stride, nk, value_dim);
   // Scores of every row, each row's softmax update, then the values of every
   // row (each K and V row loaded once for all rows).
   auto rows = [&](index_t, auto n) {
@@ -154,7 +160,10 @@ void row_tile(attention_plan<T> const& p, view<const T> k, view<const T> v, E co
       row_logits<Tr>(p, enc, b, rr, g, t0, nk, sc.s[g], sc.tmp);
       al[g] = row_softmax_update<Tr>(sc.s[g], nk, st.m[g], st.l[g]);
     }
-    row_values<Tr, ng_v>(sc.s, al, vt, v.seq_stride, nk, value_dim, st.o);
+    if (guarded)
+      row_values<Tr, ng_v, true>(sc.s, al, vt, v.seq_stride, nk, value_dim, st.o);
+    else
+      row_values<Tr, ng_v>(sc.s, al, vt, v.seq_stride, nk, value_dim, st.o);
   };
   tail_block<Tr::row_group_v>(rr.n, 0, rows);
   if constexpr (encoder_traits<E>::relative_key_value)
