@@ -144,17 +144,30 @@ index_t lane_vectors(index_t rows) noexcept {
   return ((rows + w_v - 1) / w_v + mq_v - 1) / mq_v * mq_v;
 }
 
+/// The score micro-tiles of one lane group, as a named functor rather than a
+/// lambda so that every micro-tile (the tail too) is inlined into the kernel
+/// with the block's leading dimension as a constant.
+template <class Tr>
+struct score_tiles {
+  using T = typename Tr::value_type;
+  T const* kt;
+  index_t ldk, head_dim;
+  T const* qt;
+  T* st;
+  template <class MR>
+  POSENC_ALWAYS_INLINE void operator()(index_t r0, MR) const noexcept {
+    constexpr index_t bq_v = Tr::block_q_v;
+    score_micro<Tr, MR::value, Tr::micro_q_v>(kt + r0 * ldk, ldk, qt, bq_v, head_dim, st + r0 * bq_v, bq_v);
+  }
+};
+
 /// Tile scores: st (keys, block_q_v) = K qt for the lanes that hold rows.
 template <class Tr>
-void lane_tile_scores(typename Tr::value_type const* kt, index_t ldk, index_t keys, index_t head_dim,
+POSENC_ALWAYS_INLINE void lane_tile_scores(typename Tr::value_type const* kt, index_t ldk, index_t keys, index_t head_dim,
                       typename Tr::value_type const* qt, index_t nvec, typename Tr::value_type* st) noexcept {
-  constexpr index_t w_v = Tr::width_v, bq_v = Tr::block_q_v, mq_v = Tr::micro_q_v;
-  for (index_t g = 0; g < nvec / mq_v; ++g) {
-    row_blocks<Tr::micro_rows_v>(keys, [&](index_t r0, auto mr) {
-      score_micro<Tr, decltype(mr)::value, mq_v>(kt + r0 * ldk, ldk, qt + g * mq_v * w_v, bq_v, head_dim,
-                                                 st + r0 * bq_v + g * mq_v * w_v, bq_v);
-    });
-  }
+  constexpr index_t w_v = Tr::width_v, mq_v = Tr::micro_q_v;
+  for (index_t g = 0; g < nvec / mq_v; ++g)
+    row_blocks<Tr::micro_rows_v>(keys, score_tiles<Tr>{kt, ldk, head_dim, qt + g * mq_v * w_v, st + g * mq_v * w_v});
 }
 
 /// Tile bias and visibility: prepares what the tile's kind adds to the
@@ -221,21 +234,22 @@ struct lane_logits {
   index_t nk;  // keys of the tile (the diagonal's offset)
   T const *bt, *diag, *rlo, *rhi;
 
-  /// Lanes o .. o + width - 1: the bounds loaded once for all keys.
+  /// Lanes o .. o + width - 1: every operand by value (registers; no reload
+  /// through a pointer the score stores might alias), bounds loaded once.
   struct at_lanes {
-    lane_logits const& f;
-    index_t o;
-    B lo, hi;
-    bool per_key, diagonal, bounds;
-    B operator()(index_t j, B s) const noexcept {
-      s = s * B(f.scale);
-      if (f.cap > 0) s = B(f.cap) * simd::tanh(s * B(f.inv_cap));
+    B scale, cap, inv_cap, lo, hi;
+    T const* bt;    // bt + o
+    T const* diag;  // diag + nk - 1 + o
+    bool has_cap, per_key, diagonal, bounds;
+    POSENC_ALWAYS_INLINE B operator()(index_t j, B s) const noexcept {
+      s = s * scale;
+      if (has_cap) s = cap * simd::tanh(s * inv_cap);
       if (per_key) {  // -inf terms hide the key whatever its score holds (NaN + -inf is NaN)
-        B const t = simd::load<T, A>(f.bt + j * Tr::block_q_v + o);
+        B const t = simd::load<T, A>(bt + j * Tr::block_q_v);
         B const ninf(-std::numeric_limits<T>::infinity());
         return simd::select(t == ninf, ninf, s + t);
       }
-      if (diagonal) s = s + simd::load<T, A>(f.diag + (f.nk - 1 - j) + o);
+      if (diagonal) s = s + simd::load<T, A>(diag - j);
       if (bounds) {
         B const jj(static_cast<T>(j));
         s = simd::select((jj >= lo) & (jj < hi), s, B(-std::numeric_limits<T>::infinity()));
@@ -243,8 +257,9 @@ struct lane_logits {
       return s;
     }
   };
-  at_lanes at(index_t o) const noexcept {
-    return {*this, o, simd::load<T, A>(rlo + o), simd::load<T, A>(rhi + o), tp.kind == tile_kind::per_key,
+  POSENC_ALWAYS_INLINE at_lanes at(index_t o) const noexcept {
+    return {B(scale),      B(cap),         B(inv_cap),       simd::load<T, A>(rlo + o), simd::load<T, A>(rhi + o),
+            bt + o,        diag + nk - 1 + o, cap > 0,       tp.kind == tile_kind::per_key,
             tp.adds_diagonal(), tp.has_bounds()};
   }
 };
@@ -254,7 +269,7 @@ struct lane_logits {
 /// `guarded`: keys add nothing where their probability is 0 (a tile some
 /// lane cannot fully see, whose V holds NaN or Inf).
 template <class Tr>
-void lane_tile_values(typename Tr::value_type const* vt, index_t ldv, index_t keys, index_t value_dim,
+POSENC_ALWAYS_INLINE void lane_tile_values(typename Tr::value_type const* vt, index_t ldv, index_t keys, index_t value_dim,
                       typename Tr::value_type const* st, index_t nvec, typename Tr::value_type const* alpha,
                       typename Tr::value_type* ot, bool guarded) noexcept {
   using T = typename Tr::value_type;

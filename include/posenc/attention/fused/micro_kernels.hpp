@@ -22,7 +22,7 @@ namespace posenc::detail::fused {
 /// Calls f(row, std::integral_constant<int, N'>) once for the tail of `rem`
 /// rows at `r` with the compile-time N' == rem (rem <= N).
 template <int N, class F>
-inline void tail_block(index_t rem, index_t r, F& f) noexcept {
+POSENC_ALWAYS_INLINE void tail_block(index_t rem, index_t r, F& f) noexcept {
   if constexpr (N >= 1) {
     if (rem == N)
       f(r, std::integral_constant<int, N>{});
@@ -36,7 +36,7 @@ inline void tail_block(index_t rem, index_t r, F& f) noexcept {
 /// Calls f(row, std::integral_constant<int, MR>) over [0, n) in blocks of MR
 /// rows, the tail with a smaller compile-time block.
 template <int MR, class F>
-inline void row_blocks(index_t n, F&& f) noexcept {
+POSENC_ALWAYS_INLINE void row_blocks(index_t n, F&& f) noexcept {
   index_t r = 0;
   for (; r + MR <= n; r += MR) f(r, std::integral_constant<int, MR>{});
   if (r < n) tail_block<MR - 1>(n - r, r, f);
@@ -57,7 +57,7 @@ constexpr int register_block(int per, int extra, index_t cap) noexcept {
 
 /// st[r][lanes] = sum_d k[r][d] * qt[d][lanes] for MR key rows and MQ lane vectors.
 template <class Tr, int MR, int MQ>
-inline void score_micro(typename Tr::value_type const* k, index_t ldk, typename Tr::value_type const* qt,
+POSENC_ALWAYS_INLINE void score_micro(typename Tr::value_type const* k, index_t ldk, typename Tr::value_type const* qt,
                         index_t ldq, index_t head_dim, typename Tr::value_type* st, index_t lds) noexcept {
   using T = typename Tr::value_type;
   using B = typename Tr::batch;
@@ -85,7 +85,7 @@ inline void score_micro(typename Tr::value_type const* k, index_t ldk, typename 
 /// when its value is NaN or Inf (0 * NaN would be NaN); for tiles whose V is
 /// not all finite.
 template <class Tr, int MR, int MQ, bool Guarded = false>
-inline void value_micro(typename Tr::value_type const* v, index_t ldv, index_t nk,
+POSENC_ALWAYS_INLINE void value_micro(typename Tr::value_type const* v, index_t ldv, index_t nk,
                         typename Tr::value_type const* pt, index_t ldp, typename Tr::value_type const* alpha,
                         typename Tr::value_type* ot, index_t ldo) noexcept {
   using T = typename Tr::value_type;

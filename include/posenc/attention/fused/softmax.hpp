@@ -39,7 +39,7 @@ inline simd::batch<T, Arch> softmax_shift(simd::batch<T, Arch> const& mx) noexce
 /// exp(logit - max); m and l (per lane) are updated and alpha[lane] is the
 /// factor the lane's output must be rescaled by before the tile's values are added.
 template <class Tr, class Logit>
-inline void lane_softmax_update(typename Tr::value_type* st, index_t ld, index_t nk, index_t nvec,
+POSENC_ALWAYS_INLINE void lane_softmax_update(typename Tr::value_type* st, index_t ld, index_t nk, index_t nvec,
                                 typename Tr::value_type* m, typename Tr::value_type* l,
                                 typename Tr::value_type* alpha, Logit const& logit) noexcept {
   using T = typename Tr::value_type;
