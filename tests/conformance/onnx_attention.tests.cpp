@@ -97,15 +97,21 @@ case_result run_case(posenc_test::onnx_case const& c) {
   if (c.has_attr("scale")) opt.scale = c.attr_num("scale", 0);
   opt.softcap = c.attr_num("softcap", 0);
   opt.causal = c.attr_num("is_causal", 0) != 0;
-  std::vector<index_t> key_lengths;
+  std::vector<index_t> key_lengths, q_first;
   if (auto const* np = c.input(6)) {
     for (double x : np->values) key_lengths.push_back(static_cast<index_t>(x));
     opt.key_lengths = key_lengths;
   }
   // ONNX aligns the causal frontier at the past length (P, or 0 without a
-  // cache: top-left); with nonpad_kv_seqlen at nonpad[b] - Sq, which is the
-  // library's default (bottom-right against each entry's key length).
-  if (key_lengths.empty()) opt.q_positions = posenc::position_span(P);
+  // cache: top-left); with nonpad_kv_seqlen at nonpad[b] - Sq (bottom-right
+  // against each entry's key length, the library's default when Sq != T; with
+  // Sq == T the default puts the queries on the keys' own tokens, so it is spelled out).
+  if (key_lengths.empty()) {
+    opt.q_positions = posenc::position_span(P);
+  } else {
+    for (index_t L : key_lengths) q_first.push_back(L - Sq);
+    opt.q_positions = posenc::position_span::per_batch(q_first);
+  }
 
   std::vector<float> fmask;
   std::unique_ptr<bool[]> bmask;

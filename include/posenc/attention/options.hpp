@@ -67,8 +67,9 @@ struct attention_options {
   bool causal = false;
   /// If > 0: keys with p_i - W < p_j <= p_i (W keys including the query). Implies causal.
   index_t sliding_window = 0;
-  /// Query positions. Default: Sk - Sq + i (bottom-right, the KV-cache
-  /// convention). An offset, per-batch offsets or explicit ids; may be
+  /// Query positions. Default: i when Sq == Sk (the queries are the keys'
+  /// tokens; right-padded entries start at 0), else key_length(b) - Sq + i
+  /// (bottom-right, the KV-cache convention). An offset, per-batch offsets or explicit ids; may be
   /// negative (under causal such rows see no key and give zeros).
   std::optional<position_span> q_positions;
   /// Key positions. Default: j.

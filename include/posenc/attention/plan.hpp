@@ -48,8 +48,17 @@
 // Semantics (docs/formulas.md 5): s = scale * q.k (+ Shaw q.aK); s = c tanh(s / c) when softcap c > 0;
 // s += bias(h, p_i, p_j) + additive mask; invisible / masked keys are -inf; softmax over keys;
 // a row whose every key is -inf gives zeros and lse = -inf.
-// Default query positions: key_length(b) - Sq + i (bottom-right against the key length of the
-// batch entry: the KV-cache convention, also with a static cache and per-batch lengths).
+// Default query positions (an explicit q_positions always wins):
+//   Sq == Sk: i. The queries are the keys' own tokens (a prefill, causal or not), query i is
+//     key i; with key_lengths the entries are right-padded and each one gives what it gives
+//     alone (its padding rows are the tail i >= key_length(b)). Without padding this is also
+//     key_length(b) - Sq + i.
+//   Sq != Sk: key_length(b) - Sq + i (bottom-right against the key length of the batch entry:
+//     the KV-cache convention, also with a static cache and per-batch lengths).
+//   The one layout this reads differently from bottom-right: a chunk as long as a static
+//   cache's capacity while the cache holds fewer tokens (ONNX nonpad_kv_seqlen < Sq = Sk,
+//   whose first rows sit at negative positions and see nothing); pass
+//   q_positions = per_batch(key_length(b) - Sq) for it.
 // Default key positions: j.
 
 #include <algorithm>
@@ -62,6 +71,7 @@
 #include "posenc/core/aligned_buffer.hpp"
 #include "posenc/core/checked.hpp"
 #include "posenc/core/error.hpp"
+#include "posenc/core/overlap.hpp"
 #include "posenc/core/positions.hpp"
 #include "posenc/core/span.hpp"
 #include "posenc/core/view.hpp"
@@ -414,13 +424,59 @@ void validate(view<const T> q, view<const T> k, view<const T> v, view<T> out, E 
     for (index_t b = 0; b < B; ++b) {
       index_t const L = opt.key_lengths.empty() ? Sk : opt.key_lengths[b];
       for (index_t i = 0; i < Sq; ++i) {
-        index_t const pi = opt.q_positions ? opt.q_positions->at(b, i) : L - Sq + i;
+        index_t const pi = opt.q_positions ? opt.q_positions->at(b, i) : Sq == Sk ? i : L - Sq + i;
         require(pi >= 0 || restricted, w, "query position of batch ", b, " row ", i, " is ", pi,
                 ", expected >= 0 (the encoder needs positions; negative positions are only "
                 "allowed with causal, where such rows see no key)");
         require(max_pos == 0 || pi < max_pos, w, "query position of batch ", b, " row ", i, " is ",
                 pi, ", expected < ", max_pos, " (the encoder's max_positions())");
       }
+    }
+  }
+
+  // Aliasing: every path reads q, k, v and the masks while it writes out, lse
+  // and scores, so no output may share a byte with an input or another output.
+  // The one exception is out == q, the same view (in-place attention): each
+  // path reads every query row an output row depends on before writing it.
+  byte_set const in_sets[5] = {
+      bytes_of(q), bytes_of(k), bytes_of(v),
+      [&] {
+        mask_view<T> const& m = opt.mask;
+        index_t const ext[3] = {m.batch, m.heads, m.q}, str[3] = {m.batch_stride, m.head_stride, m.q_stride};
+        return make_byte_set(m.data, sizeof(T), 3, ext, str, m.k);
+      }(),
+      [&] {
+        mask_view<bool> const& m = opt.bool_mask;
+        index_t const ext[3] = {m.batch, m.heads, m.q}, str[3] = {m.batch_stride, m.head_stride, m.q_stride};
+        return make_byte_set(m.data, sizeof(bool), 3, ext, str, m.k);
+      }()};
+  char const* const in_names[5] = {"q", "k", "v", "mask", "bool_mask"};
+  index_t const rows = B * q.heads * Sq;  // fits: a partial product of q's checked element count
+  byte_set const out_sets[3] = {bytes_of(out), bytes_of(static_cast<T const*>(opt.lse), rows),
+                                opt.scores ? bytes_of(static_cast<T const*>(opt.scores), rows * Sk) : byte_set{}};
+  char const* const out_names[3] = {"out", "lse", "scores"};
+  char const* const out_sizes[3] = {"", " (q.batch x q.heads x q.seq elements)",
+                                    " (q.batch x q.heads x q.seq x k.seq elements)"};
+  bool const in_place = out.data == q.data && out.batch == q.batch && out.seq == q.seq && out.heads == q.heads &&
+                        out.dim == q.dim && out.batch_stride == q.batch_stride && out.seq_stride == q.seq_stride &&
+                        out.head_stride == q.head_stride;
+  if (in_place) {
+    require(!overlaps_itself(out_sets[0]), w, "out is q (in-place attention) with elements that overlap each other ",
+            "(strides ", out.batch_stride, ", ", out.seq_stride, ", ", out.head_stride,
+            "), expected a layout whose rows do not overlap");
+  }
+  for (int o = 0; o < 3; ++o) {
+    for (int i = 0; i < 5; ++i) {
+      if (o == 0 && i == 0 && in_place) continue;
+      require(!overlaps(out_sets[o], in_sets[i]), w, out_names[o], out_sizes[o], " is at bytes ",
+              byte_range(out_sets[o]), " and overlaps ", in_names[i], " at ", byte_range(in_sets[i]),
+              ", expected no shared memory", (o == 0 && i == 0)
+                  ? " (or out exactly q: same data, extents and strides, for in-place attention)" : "");
+    }
+    for (int o2 = 0; o2 < o; ++o2) {
+      require(!overlaps(out_sets[o], out_sets[o2]), w, out_names[o], out_sizes[o], " is at bytes ",
+              byte_range(out_sets[o]), " and overlaps ", out_names[o2], " at ", byte_range(out_sets[o2]),
+              ", expected no shared memory");
     }
   }
 }
@@ -452,11 +508,17 @@ attention_plan<T> make_plan(view<const T> q, view<const T> k, view<const T> v, v
       p.has_padding = p.has_padding || p.k_valid[b] < p.k_len;
     }
   }
+  // Default query positions (see the top of this file): with Sq == Sk the
+  // queries are the keys' own tokens, row i at key i's index i (a right-padded
+  // entry's padding rows are its tail); otherwise bottom-right against the
+  // entry's key length (a decode step or a chunk over a static cache).
+  bool const queries_are_keys = p.q_len == p.k_len;
   p.q_pos.resize(static_cast<std::size_t>(p.batch * p.q_len));
   for (index_t b = 0; b < p.batch; ++b)
     for (index_t i = 0; i < p.q_len; ++i)
-      p.q_pos[b * p.q_len + i] =
-          opt.q_positions ? opt.q_positions->at(b, i) : p.k_valid[b] - p.q_len + i;
+      p.q_pos[b * p.q_len + i] = opt.q_positions ? opt.q_positions->at(b, i)
+                                 : queries_are_keys ? i
+                                                    : p.k_valid[b] - p.q_len + i;
   if (opt.k_positions) {
     bool indices = true;
     p.k_pos.resize(static_cast<std::size_t>(p.batch * p.k_len));
