@@ -6,9 +6,9 @@
 #include <limits>
 #include <vector>
 
-#include <Eigen/Core>
 
 #include "posenc/attention/plan.hpp"
+#include "posenc/core/eigen.hpp"
 #include "posenc/core/simd.hpp"
 #include "posenc/core/threading.hpp"
 
@@ -78,7 +78,8 @@ void materialized_attention(attention_plan<T> const& p, view<const T> q, view<co
     } else {
       S.setZero();
     }
-    std::vector<T> tmp(static_cast<std::size_t>(Sk));
+    std::vector<T> tmp_buf(static_cast<std::size_t>(Sk));
+    T* const tmp = tmp_buf.data();
     std::vector<bool> empty_row(static_cast<std::size_t>(Sq), false);
     auto capture = [&](index_t i, T const* row, score_stage stage) {
       if (p.scores && p.stage == stage) {
@@ -89,7 +90,7 @@ void materialized_attention(attention_plan<T> const& p, view<const T> q, view<co
     for (index_t i = 0; i < Sq; ++i) {
       T* s = S.row(i).data();
       if constexpr (traits::relative_key_value) {
-        encoder_terms<score_term::shaw>(p, enc, q.ptr(b, i, h), b, h, i, 0, Sk, tmp.data());
+        encoder_terms<score_term::shaw>(p, enc, q.ptr(b, i, h), b, h, i, 0, Sk, tmp);
         for (index_t j = 0; j < Sk; ++j) s[j] += tmp[j];
       }
       capture(i, s, score_stage::raw);
@@ -98,7 +99,7 @@ void materialized_attention(attention_plan<T> const& p, view<const T> q, view<co
       }
       capture(i, s, score_stage::softcapped);
       if constexpr (traits::biases_scores) {
-        encoder_terms<score_term::bias>(p, enc, q.ptr(b, i, h), b, h, i, 0, Sk, tmp.data());
+        encoder_terms<score_term::bias>(p, enc, q.ptr(b, i, h), b, h, i, 0, Sk, tmp);
         for (index_t j = 0; j < Sk; ++j) s[j] += tmp[j];
       }
       apply_masks(p, b, h, i, 0, Sk, s);

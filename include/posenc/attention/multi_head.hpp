@@ -2,10 +2,10 @@
 // multi_head_attention<Encoder, T>: projections (Eigen), the encoder wherever it acts, prefill and cached decode.
 #pragma once
 
-#include <Eigen/Core>
 
 #include "posenc/attention/attention.hpp"
 #include "posenc/attention/kv_cache.hpp"
+#include "posenc/core/eigen.hpp"
 #include "posenc/core/error.hpp"
 #include "posenc/core/view.hpp"
 #include "posenc/encoding/traits.hpp"

@@ -121,11 +121,11 @@ struct attention_plan {
   bool has_masks() const noexcept { return !mask.empty() || !bool_mask.empty(); }
   bool restricts() const noexcept { return causal || window > 0; }
   index_t kv_head(index_t h) const noexcept { return h / group; }
-  index_t q_position(index_t b, index_t i) const noexcept { return q_pos[b * q_len + i]; }
+  index_t q_position(index_t b, index_t i) const noexcept { return q_pos[static_cast<std::size_t>(b * q_len + i)]; }
   index_t k_position(index_t b, index_t j) const noexcept {
-    return keys_are_indices ? j : k_pos[b * k_len + j];
+    return keys_are_indices ? j : k_pos[static_cast<std::size_t>(b * k_len + j)];
   }
-  index_t key_length(index_t b) const noexcept { return k_valid[b]; }
+  index_t key_length(index_t b) const noexcept { return k_valid[static_cast<std::size_t>(b)]; }
 
   /// Row of the scores output for (b, h, i) (Sk values), or null when not requested.
   T* scores_row(index_t b, index_t h, index_t i) const noexcept {
@@ -138,7 +138,7 @@ struct attention_plan {
 
   /// Key j visible to query i of batch entry b, ignoring masks.
   bool visible(index_t b, index_t i, index_t j) const noexcept {
-    if (j >= k_valid[b]) return false;
+    if (j >= k_valid[static_cast<std::size_t>(b)]) return false;
     if (!restricts()) return true;
     index_t const pi = q_position(b, i), pj = k_position(b, j);
     if (pj > pi) return false;
@@ -147,7 +147,7 @@ struct attention_plan {
 
   /// Sub-range of [j0, j1) outside which no key is visible to (b, i).
   key_range visible_range(index_t b, index_t i, index_t j0, index_t j1) const noexcept {
-    key_range r{j0, std::min(j1, k_valid[b]), false};
+    key_range r{j0, std::min(j1, k_valid[static_cast<std::size_t>(b)]), false};
     if (r.empty()) return r;
     if (!restricts()) {
       r.all = true;
@@ -504,8 +504,8 @@ attention_plan<T> make_plan(view<const T> q, view<const T> k, view<const T> v, v
   p.k_valid.assign(static_cast<std::size_t>(p.batch), p.k_len);
   if (!opt.key_lengths.empty()) {
     for (index_t b = 0; b < p.batch; ++b) {
-      p.k_valid[b] = opt.key_lengths[b];
-      p.has_padding = p.has_padding || p.k_valid[b] < p.k_len;
+      p.k_valid[static_cast<std::size_t>(b)] = opt.key_lengths[b];
+      p.has_padding = p.has_padding || p.k_valid[static_cast<std::size_t>(b)] < p.k_len;
     }
   }
   // Default query positions (see the top of this file): with Sq == Sk the
@@ -516,16 +516,16 @@ attention_plan<T> make_plan(view<const T> q, view<const T> k, view<const T> v, v
   p.q_pos.resize(static_cast<std::size_t>(p.batch * p.q_len));
   for (index_t b = 0; b < p.batch; ++b)
     for (index_t i = 0; i < p.q_len; ++i)
-      p.q_pos[b * p.q_len + i] = opt.q_positions ? opt.q_positions->at(b, i)
+      p.q_pos[static_cast<std::size_t>(b * p.q_len + i)] = opt.q_positions ? opt.q_positions->at(b, i)
                                  : queries_are_keys ? i
-                                                    : p.k_valid[b] - p.q_len + i;
+                                                    : p.k_valid[static_cast<std::size_t>(b)] - p.q_len + i;
   if (opt.k_positions) {
     bool indices = true;
     p.k_pos.resize(static_cast<std::size_t>(p.batch * p.k_len));
     for (index_t b = 0; b < p.batch; ++b)
       for (index_t j = 0; j < p.k_len; ++j) {
         index_t const pj = opt.k_positions->at(b, j);
-        p.k_pos[b * p.k_len + j] = pj;
+        p.k_pos[static_cast<std::size_t>(b * p.k_len + j)] = pj;
         indices = indices && pj == j;
       }
     p.keys_are_indices = indices;
@@ -591,7 +591,7 @@ rotation_plan plan_rotation(attention_plan<T> const& plan, E const& enc, bool ke
       r.k_ids.resize(static_cast<std::size_t>(plan.batch * plan.k_len));
       for (index_t b = 0; b < plan.batch; ++b)
         for (index_t j = 0; j < plan.k_len; ++j)  // padding keys are never visible
-          r.k_ids[b * plan.k_len + j] = j < plan.key_length(b) ? plan.k_position(b, j)
+          r.k_ids[static_cast<std::size_t>(b * plan.k_len + j)] = j < plan.key_length(b) ? plan.k_position(b, j)
                                                                  : std::min(plan.k_position(b, j), r.length - 1);
     }
     r.route = rotation_route::copies;

@@ -25,9 +25,14 @@ void reference_attention(attention_plan<T> const& p, view<const T> q, view<const
   Acc const ninf = -std::numeric_limits<Acc>::infinity();
   parallel_for(p.batch * p.q_heads, p.threads, [&](index_t bh) {
     index_t const b = bh / p.q_heads, h = bh % p.q_heads, hk = p.kv_head(h);
-    std::vector<Acc> s(static_cast<std::size_t>(Sk)), acc(static_cast<std::size_t>(Dv));
-    std::vector<T> tmp(static_cast<std::size_t>(Sk)), prob(static_cast<std::size_t>(Sk));
-    std::vector<T> extra(static_cast<std::size_t>(Dv));
+    std::vector<Acc> s_buf(static_cast<std::size_t>(Sk)), acc_buf(static_cast<std::size_t>(Dv));
+    std::vector<T> tmp_buf(static_cast<std::size_t>(Sk)), prob_buf(static_cast<std::size_t>(Sk));
+    std::vector<T> extra_buf(static_cast<std::size_t>(Dv));
+    Acc* const s = s_buf.data();
+    Acc* const acc = acc_buf.data();
+    T* const tmp = tmp_buf.data();
+    T* const prob = prob_buf.data();
+    T* const extra = extra_buf.data();
     auto capture = [&](index_t i, score_stage stage) {
       if (p.scores && p.stage == stage) {
         T* row = p.scores_row(b, h, i);
@@ -43,7 +48,7 @@ void reference_attention(attention_plan<T> const& p, view<const T> q, view<const
         s[j] = scale * dot;
       }
       if constexpr (traits::relative_key_value) {
-        encoder_terms<score_term::shaw>(p, enc, qi, b, h, i, 0, Sk, tmp.data());
+        encoder_terms<score_term::shaw>(p, enc, qi, b, h, i, 0, Sk, tmp);
         for (index_t j = 0; j < Sk; ++j) s[j] += static_cast<Acc>(tmp[j]);
       }
       capture(i, score_stage::raw);
@@ -52,10 +57,10 @@ void reference_attention(attention_plan<T> const& p, view<const T> q, view<const
       }
       capture(i, score_stage::softcapped);
       if constexpr (traits::biases_scores) {
-        encoder_terms<score_term::bias>(p, enc, qi, b, h, i, 0, Sk, tmp.data());
+        encoder_terms<score_term::bias>(p, enc, qi, b, h, i, 0, Sk, tmp);
         for (index_t j = 0; j < Sk; ++j) s[j] += static_cast<Acc>(tmp[j]);
       }
-      apply_masks(p, b, h, i, 0, Sk, s.data());
+      apply_masks(p, b, h, i, 0, Sk, s);
       capture(i, score_stage::biased);
 
       Acc m = ninf;
@@ -83,7 +88,7 @@ void reference_attention(attention_plan<T> const& p, view<const T> q, view<const
       if constexpr (traits::relative_key_value) {
         for (index_t j = 0; j < Sk; ++j) prob[j] = static_cast<T>(s[j]);
         for (index_t d = 0; d < Dv; ++d) extra[d] = T(0);
-        encoder_values(p, enc, prob.data(), b, i, 0, Sk, extra.data());
+        encoder_values(p, enc, prob, b, i, 0, Sk, extra);
         for (index_t d = 0; d < Dv; ++d) acc[d] += static_cast<Acc>(extra[d]);
       }
       for (index_t d = 0; d < Dv; ++d) oi[d] = static_cast<T>(acc[d]);

@@ -15,7 +15,23 @@
 #include <type_traits>
 #include <utility>
 
+// GCC before 12.3 reports false -Wuninitialized / -Wmaybe-uninitialized inside its
+// own AVX-512 intrinsics headers (GCC bug 105593) wherever they are inlined. The
+// intrinsics headers are included here first (through xsimd) with those two
+// warnings off, so that a consumer's -Wall -Werror build stays clean; nothing
+// else is silenced. core/eigen.hpp does the same for Eigen.
+#if defined(__GNUC__) && !defined(__clang__) && (__GNUC__ < 12 || (__GNUC__ == 12 && __GNUC_MINOR__ < 3))
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
 #include <xsimd/xsimd.hpp>
+#pragma GCC diagnostic pop
+#else
+#include <xsimd/xsimd.hpp>
+#endif
 
 #include "posenc/core/span.hpp"
 

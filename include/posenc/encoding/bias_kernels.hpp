@@ -2,7 +2,6 @@
 // Row kernels and checks shared by the relative-position encoders (ALiBi, T5, clipped, Shaw).
 #pragma once
 
-#include <Eigen/Core>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -11,6 +10,7 @@
 #include <vector>
 
 #include "posenc/core/checked.hpp"
+#include "posenc/core/eigen.hpp"
 #include "posenc/core/error.hpp"
 #include "posenc/core/positions.hpp"
 #include "posenc/core/simd.hpp"

@@ -215,7 +215,7 @@ struct rope_token_kernel {
   static constexpr index_t W = simd::width<T, Arch>;
   static constexpr index_t h = NV * W;  // half-split: pairs; interleaved: rotated components
   static constexpr index_t row_bytes = (L == rope_layout::half_split ? 2 * h : h) * static_cast<index_t>(sizeof(T));
-  B cc[NV], ss[NV];
+  B cc[static_cast<std::size_t>(NV)], ss[static_cast<std::size_t>(NV)];
   B gg;
 
   /// c, s: the token's h cos and h sin values (one per pair). Interleaved
@@ -231,7 +231,7 @@ struct rope_token_kernel {
       B const sign = simd::alternating_sign<T, Arch>();  // exact: only flips signs
       if constexpr (NV == 1) {
         // W / 2 values each: one vector [c, s], no load past either row.
-        alignas(Arch::alignment()) T buf[W];
+        alignas(Arch::alignment()) T buf[static_cast<std::size_t>(W)];
         for (index_t k = 0; k < W / 2; ++k) {
           buf[k] = c[k];
           buf[W / 2 + k] = s[k];

@@ -99,7 +99,7 @@ key_range lane_begin_blocks(lane_item_context<Tr, E> const& c, lane_scratch<Tr> 
   constexpr index_t bq_v = Tr::block_q_v;
   attention_plan<T> const& p = c.p;
   index_t const head_dim = p.head_dim, group = p.group, rows = p.q_len * group;
-  index_t rid[bq_v];
+  index_t rid[static_cast<std::size_t>(bq_v)];
   key_range all{far_key_v, 0, false};
   for (index_t t = 0; t < nb; ++t) {
     auto const& bb = sc.blocks[t];
@@ -214,7 +214,7 @@ void lane_tile_terms(lane_item_context<Tr, E> const& c, lane_scratch<Tr> const& 
   }
   for (index_t l0 = 0; l0 < nvec * w_v; l0 += w_v) {
     for (index_t j0 = 0; j0 < keys; j0 += w_v) {
-      B blk[w_v];
+      B blk[static_cast<std::size_t>(w_v)];
       for (index_t t = 0; t < w_v; ++t) blk[t] = simd::load<T, A>(sc.brow + (l0 + t) * bk_v + j0);
       simd::transpose(blk);
       for (index_t t = 0; t < w_v; ++t) simd::store(sc.bt + (j0 + t) * bq_v + l0, blk[t]);

@@ -62,13 +62,13 @@ POSENC_ALWAYS_INLINE void score_micro(typename Tr::value_type const* k, index_t 
   using T = typename Tr::value_type;
   using B = typename Tr::batch;
   constexpr index_t w_v = Tr::width_v;
-  B acc[MR][MQ];
+  B acc[size_v<MR>][size_v<MQ>];
   for (int r = 0; r < MR; ++r)
     for (int m = 0; m < MQ; ++m) acc[r][m] = B(T(0));
-  T const* kr[MR];
+  T const* kr[size_v<MR>];
   for (int r = 0; r < MR; ++r) kr[r] = k + r * ldk;
   for (index_t d = 0; d < head_dim; ++d) {
-    B qv[MQ];
+    B qv[size_v<MQ>];
     for (int m = 0; m < MQ; ++m) qv[m] = simd::load<T, typename Tr::arch>(qt + d * ldq + m * w_v);
     for (int r = 0; r < MR; ++r) {
       B const kb(kr[r][d]);
@@ -92,17 +92,17 @@ POSENC_ALWAYS_INLINE void value_micro(typename Tr::value_type const* v, index_t 
   using B = typename Tr::batch;
   using A = typename Tr::arch;
   constexpr index_t w_v = Tr::width_v;
-  B acc[MR][MQ];
-  B al[MQ];
+  B acc[size_v<MR>][size_v<MQ>];
+  B al[size_v<MQ>];
   for (int m = 0; m < MQ; ++m) al[m] = simd::load<T, A>(alpha + m * w_v);
   for (int r = 0; r < MR; ++r)
     for (int m = 0; m < MQ; ++m) acc[r][m] = simd::load<T, A>(ot + r * ldo + m * w_v) * al[m];
   for (index_t j = 0; j < nk; ++j) {
-    B pv[MQ];
+    B pv[size_v<MQ>];
     for (int m = 0; m < MQ; ++m) pv[m] = simd::load<T, A>(pt + j * ldp + m * w_v);
     T const* vj = v + j * ldv;
     if constexpr (Guarded) {
-      decltype(pv[0] != pv[0]) seen[MQ];
+      decltype(pv[0] != pv[0]) seen[size_v<MQ>];
       for (int m = 0; m < MQ; ++m) seen[m] = pv[m] != B(T(0));
       for (int r = 0; r < MR; ++r) {
         B const vb(vj[r]);
@@ -135,18 +135,18 @@ inline void row_scores(typename Tr::value_type const* const* qr, typename Tr::va
   constexpr index_t w_v = Tr::width_v;
   constexpr int kj_v = register_block<Tr>(NG + 1, 2, w_v);
   index_t const dim_w = head_dim / w_v * w_v;
-  alignas(64) T part[NG][w_v][w_v];  // part[g][key][lane]: partial sums of w_v keys
+  alignas(64) T part[size_v<NG>][size_v<w_v>][size_v<w_v>];  // part[g][key][lane]: partial sums of w_v keys
   for (index_t j0 = 0; j0 < nk; j0 += w_v) {
     index_t const n = std::min(w_v, nk - j0);
     for (index_t jj = 0; jj < n; jj += kj_v) {
-      B acc[NG][kj_v];
-      T const* kr[kj_v];
+      B acc[size_v<NG>][size_v<kj_v>];
+      T const* kr[size_v<kj_v>];
       for (int t = 0; t < kj_v; ++t) {
         kr[t] = k + std::min(j0 + jj + t, nk - 1) * ldk;  // past the tile: a repeat, discarded
         for (int g = 0; g < NG; ++g) acc[g][t] = B(T(0));
       }
       for (index_t d = 0; d < dim_w; d += w_v) {
-        B kv[kj_v];
+        B kv[size_v<kj_v>];
         for (int t = 0; t < kj_v; ++t) kv[t] = simd::load<T, A>(kr[t] + d);
         for (int g = 0; g < NG; ++g) {
           B const qv = simd::load<T, A>(qr[g] + d);
@@ -157,13 +157,13 @@ inline void row_scores(typename Tr::value_type const* const* qr, typename Tr::va
         for (int t = 0; t < kj_v; ++t) simd::store(part[g][jj + t], acc[g][t]);
     }
     for (int g = 0; g < NG; ++g) {
-      B blk[w_v];
+      B blk[size_v<w_v>];
       for (index_t t = 0; t < w_v; ++t) blk[t] = t < n ? simd::load<T, A>(part[g][t]) : B(T(0));
       simd::transpose(blk);
       B sum = blk[0];
       for (index_t t = 1; t < w_v; ++t) sum = sum + blk[t];
       if (dim_w < head_dim) {  // head dim not a multiple of the width: the last dims one by one
-        alignas(64) T tail[w_v];
+        alignas(64) T tail[size_v<w_v>];
         for (index_t t = 0; t < w_v; ++t) {
           T x = 0;
           if (t < n)
@@ -195,12 +195,12 @@ inline void row_values(typename Tr::value_type const* const* pr, typename Tr::va
   constexpr int cw_v = register_block<Tr>(NG, NG + 2, 8);
   auto chunk = [&](index_t d, auto cw) {
     constexpr int C = decltype(cw)::value;
-    B acc[NG][C];
+    B acc[size_v<NG>][size_v<C>];
     for (int g = 0; g < NG; ++g)
       for (int c = 0; c < C; ++c) acc[g][c] = simd::load<T, A>(o + g * value_dim + d + c * w_v) * B(alpha[g]);
     for (index_t j = 0; j < nk; ++j) {
       T const* vj = v + j * ldv + d;
-      B pj[NG];
+      B pj[size_v<NG>];
       for (int g = 0; g < NG; ++g) pj[g] = B(pr[g][j]);
       for (int c = 0; c < C; ++c) {
         B const vv = simd::load<T, A>(vj + c * w_v);

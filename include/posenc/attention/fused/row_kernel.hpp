@@ -155,7 +155,7 @@ void row_tile(attention_plan<T> const& p, view<const T> k, view<const T> v, E co
   auto rows = [&](index_t, auto n) {
     constexpr int ng_v = decltype(n)::value;
     row_scores<Tr, ng_v>(rr.q, kt, ldk, nk, head_dim, sc.s);
-    T al[ng_v];
+    T al[size_v<ng_v>];
     for (int g = 0; g < ng_v; ++g) {
       row_logits<Tr>(p, enc, b, rr, g, t0, nk, sc.s[g], sc.tmp);
       al[g] = row_softmax_update<Tr>(sc.s[g], nk, st.m[g], st.l[g]);

@@ -8,6 +8,7 @@
 // in `_v` (`block_q_v`, `width_v`); runtime sizes never do (`head_dim`,
 // `rows`). May include: core/ only.
 
+#include <cstddef>
 #include <limits>
 #include <type_traits>
 
@@ -75,6 +76,11 @@ template <class T>
 using fused_default_traits = fused_traits<T, 64, 64>;
 
 namespace fused {
+
+/// A positive compile-time count as an array bound (std::size_t), so that
+/// arrays sized by signed tile constants convert without a sign change.
+template <auto N>
+inline constexpr std::size_t size_v = static_cast<std::size_t>(N);
 
 /// A key index no real key reaches: the empty bounds of a lane with no
 /// visible key are [far_key_v, -far_key_v).
