@@ -75,7 +75,7 @@ TEST_CASE("shared encoders: attention from several threads gives the serial resu
   SECTION("alibi") { every_path(posenc::alibi<float>(posenc::alibi_form::paper, 4), true); }
   SECTION("compose rope + alibi") {
     every_path(posenc::compose<posenc::rope<float>, posenc::alibi<float>>(
-                   rope, posenc::alibi<float>(posenc::alibi_form::shifted, 4)),
+                   rope, posenc::alibi<float>(posenc::alibi_form::shifted, 4, 37)),
                true);
   }
 }
