@@ -205,33 +205,51 @@ bool run(config const& c, E const& enc, outputs& r, bool clean = false, float* s
 
 /// Compares `got` against the reference over the selected rows: the tolerance rule on rows
 /// that see only finite inputs (which must be finite), the same non-finite pattern elsewhere.
-void compare(config const& c, std::vector<float> const& got, std::vector<float> const& ref, std::vector<float> const& plain,
-             std::vector<char> const& row_bad, std::size_t width, char const* what) {
+/// Returns the first failing row, or -1.
+long compare(std::vector<float> const& got, std::vector<float> const& ref, std::vector<float> const& plain,
+             std::vector<char> const& row_bad, std::size_t width) {
   std::vector<float> g, e, p;
+  std::vector<std::size_t> rows;
   for (std::size_t row = 0; row < row_bad.size(); ++row)
     for (std::size_t d = 0; d < width; ++d) {
       std::size_t const i = row * width + d;
       if (row_bad[row]) {
-        if (std::isfinite(got[i]) != std::isfinite(ref[i])) {
-          std::fprintf(stderr, "row %zu sees a non-finite input, element %zu: got %g, reference %g\n", row, d,
-                       got[i], ref[i]);
-          c.describe();
-          finding(what);
-        }
+        if (std::isfinite(got[i]) != std::isfinite(ref[i])) return static_cast<long>(row);
       } else {
         g.push_back(got[i]);
         e.push_back(ref[i]);
         p.push_back(plain[i]);
+        rows.push_back(row);
       }
     }
   auto const r = posenc_test::within_tolerance(g, e, p);
-  if (!r.ok) {
-    std::fprintf(stderr, "%s\n", r.describe().c_str());
-    for (std::size_t i = 0; i < g.size(); ++i)
-      if (!(std::abs(static_cast<double>(g[i]) - e[i]) <= r.bound))
-        std::fprintf(stderr, "finite rows, element %zu: got %g, reference %g, plain %g\n", i, g[i], e[i], p[i]);
-    c.describe();
-    finding(what);
+  if (r.ok) return -1;
+  std::fprintf(stderr, "%s\n", r.describe().c_str());
+  for (std::size_t i = 0; i < g.size(); ++i)
+    if (!(g[i] == e[i]) && !(std::abs(static_cast<double>(g[i]) - e[i]) <= r.bound))
+      return static_cast<long>(rows[i]);
+  return 0;
+}
+
+/// What one output row (b, i, h) saw, and each path's values there.
+void explain(config const& c, std::vector<float> const& scores, index_t b, index_t i, index_t h,
+             std::vector<float> const* paths[3], std::size_t at, std::size_t width) {
+  std::fprintf(stderr, "row b %ld i %ld h %ld, query finite %d\n", static_cast<long>(b), static_cast<long>(i),
+               static_cast<long>(h), c.row_finite(c.q, b, i, h) ? 1 : 0);
+  index_t const group = c.Hq / c.Hkv;
+  if (scores.empty()) std::fprintf(stderr, "  every input is finite\n");
+  for (index_t j = 0; j < c.Sk && !scores.empty(); ++j) {
+    float const s = scores[static_cast<std::size_t>(((b * c.Hq + h) * c.Sq + i) * c.Sk + j)];
+    if (std::isfinite(s))
+      std::fprintf(stderr, "  visible key %ld: biased score of the finite copy %g, k finite %d, v finite %d\n",
+                   static_cast<long>(j), s, c.row_finite(c.k, b, j, h / group) ? 1 : 0,
+                   c.row_finite(c.v, b, j, h / group) ? 1 : 0);
+  }
+  char const* names[3] = {"reference", "materialized", "fused"};
+  for (int n = 0; n < 3; ++n) {
+    std::fprintf(stderr, "  %s:", names[n]);
+    for (std::size_t d = 0; d < width; ++d) std::fprintf(stderr, " %g", (*paths[n])[at + d]);
+    std::fprintf(stderr, "\n");
   }
 }
 
@@ -248,13 +266,13 @@ void check(config const& c, E const& enc) {
     finding("paths disagree on whether the arguments are valid");
   }
   if (!r) return;
-  if (std::getenv("POSENC_FUZZ_VERBOSE")) c.describe();
 
   // Which keys each query row sees: the biased scores of the finite copy are -inf exactly there.
   std::vector<char> out_bad(static_cast<std::size_t>(c.B * c.Sq * c.Hq)),
       lse_bad(static_cast<std::size_t>(c.B * c.Hq * c.Sq));
+  std::vector<float> scores;
   if (!c.finite_inputs) {
-    std::vector<float> scores(static_cast<std::size_t>(c.B * c.Hq * c.Sq * c.Sk) + 1);
+    scores.resize(static_cast<std::size_t>(c.B * c.Hq * c.Sq * c.Sk) + 1);
     outputs tmp;
     if (!run<posenc::path::reference>(c, enc, tmp, true, scores.data()))
       finding("the reference rejects the finite copy of valid inputs");
@@ -274,15 +292,32 @@ void check(config const& c, E const& enc) {
         }
   }
   auto const w = static_cast<std::size_t>(c.Dv);
-  if (std::getenv("POSENC_FUZZ_VERBOSE")) {
-    for (std::size_t row = 0; row < out_bad.size(); ++row)
-      if (out_bad[row]) std::fprintf(stderr, "row %zu (b, i, h) sees a non-finite input\n", row);
-  }
-  compare(c, mat.out, ref.out, plain.out, out_bad, w, "materialized out differs from the reference");
-  compare(c, fus.out, ref.out, plain.out, out_bad, w, "fused out differs from the reference");
-  if (c.want_lse) {
-    compare(c, mat.lse, ref.lse, plain.lse, lse_bad, 1, "materialized lse differs from the reference");
-    compare(c, fus.lse, ref.lse, plain.lse, lse_bad, 1, "fused lse differs from the reference");
+  struct comparison {
+    std::vector<float> const* got;
+    bool is_lse;
+    char const* what;
+  };
+  comparison const all[] = {{&mat.out, false, "materialized out differs from the reference"},
+                            {&fus.out, false, "fused out differs from the reference"},
+                            {&mat.lse, true, "materialized lse differs from the reference"},
+                            {&fus.lse, true, "fused lse differs from the reference"}};
+  for (auto const& cmp : all) {
+    if (cmp.is_lse && !c.want_lse) continue;
+    auto const& base = cmp.is_lse ? ref.lse : ref.out;
+    long const row = compare(*cmp.got, base, cmp.is_lse ? plain.lse : plain.out, cmp.is_lse ? lse_bad : out_bad,
+                             cmp.is_lse ? 1 : w);
+    if (row < 0) continue;
+    c.describe();
+    index_t b, i, h;
+    if (cmp.is_lse) {
+      i = row % c.Sq, h = (row / c.Sq) % c.Hq, b = row / (c.Sq * c.Hq);
+    } else {
+      h = row % c.Hq, i = (row / c.Hq) % c.Sq, b = row / (c.Hq * c.Sq);
+    }
+    std::vector<float> const* vals[3] = {&base, cmp.is_lse ? &mat.lse : &mat.out, cmp.is_lse ? &fus.lse : &fus.out};
+    std::size_t const width = cmp.is_lse ? 1 : w;
+    explain(c, scores, b, i, h, vals, static_cast<std::size_t>(row) * width, width);
+    finding(cmp.what);
   }
 }
 
