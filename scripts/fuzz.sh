@@ -3,6 +3,7 @@
 # a bounded time from its checked-in seed corpus; any finding fails.
 #   bash scripts/fuzz.sh [seconds per harness, default 60] [harness names...]
 # New inputs go to build/fuzz/corpus/<name> (kept between runs), findings to build/fuzz/findings/.
+# POSENC_FUZZ_JOBS sets the build jobs (default: nproc).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds="${1:-60}"
@@ -13,9 +14,9 @@ cxx="${POSENC_FUZZ_CXX:-clang++-14}"
 cmake -S . -B build/fuzz -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER="$cxx" -DPOSENC_FUZZ=ON \
   -DPOSENC_OPENMP=OFF -DPOSENC_BUILD_TESTS=ON -DPOSENC_BUILD_BENCH=OFF -DPOSENC_BUILD_EXAMPLES=OFF \
   -DPOSENC_PACKAGING_TESTS=OFF -DPOSENC_ISA_TESTS=OFF -DPOSENC_INSTALL=OFF >/dev/null
-for n in "${names[@]}"; do
-  cmake --build build/fuzz -j "${POSENC_FUZZ_JOBS:-1}" --target "posenc_fuzz_$n"
-done
+targets=()
+for n in "${names[@]}"; do targets+=("posenc_fuzz_$n"); done
+cmake --build build/fuzz -j "${POSENC_FUZZ_JOBS:-$(nproc)}" --target "${targets[@]}"
 mkdir -p build/fuzz/findings
 for n in "${names[@]}"; do
   echo "== fuzz $n (${seconds} s)"
