@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer harnesses (clang 14, ASan + UBSan) and runs each one for
 # a bounded time from its checked-in seed corpus; any finding fails.
-#   bash scripts/fuzz.sh [seconds per harness, default 60] [harness names...]
+#   bash scripts/fuzz.sh [seconds per harness, default 60; 0 = replay the seeds only] [harness names...]
 # New inputs go to build/fuzz/corpus/<name> (kept between runs), findings to build/fuzz/findings/.
 # POSENC_FUZZ_JOBS sets the build jobs (default: nproc).
 set -euo pipefail
@@ -25,6 +25,11 @@ for n in "${names[@]}"; do
   # The saved regressions first (they must pass), then fuzzing from the seeds.
   if [ -d "tests/fuzz/regressions/$n" ]; then
     "build/fuzz/tests/fuzz/posenc_fuzz_$n" -runs=0 "tests/fuzz/regressions/$n"
+  fi
+  if [ "$seconds" = 0 ]; then  # replay the seeds only, no fuzzing
+    UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=halt_on_error=1:detect_leaks=1 \
+      "build/fuzz/tests/fuzz/posenc_fuzz_$n" -runs=0 "tests/fuzz/corpus/$n"
+    continue
   fi
   UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=halt_on_error=1:detect_leaks=1 \
     "build/fuzz/tests/fuzz/posenc_fuzz_$n" -max_total_time="$seconds" -timeout=20 -rss_limit_mb=2048 \
