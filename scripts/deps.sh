@@ -2,8 +2,9 @@
 # Installs the Debian packages posenc's build, tests, benches and examples use (when missing).
 # `deps.sh --list` prints the package names instead.
 set -euo pipefail
-# (OpenMP comes with g++; python is not needed: golden values are checked in.)
-pkgs=(cmake g++ make libeigen3-dev libxsimd-dev catch2 libbenchmark-dev libstb-dev)
+# (OpenMP comes with g++; python is not needed: golden values are checked in. clang-14 and its
+# runtime libraries build the libFuzzer harnesses and the ThreadSanitizer test.)
+pkgs=(cmake g++ make libeigen3-dev libxsimd-dev catch2 libbenchmark-dev libstb-dev clang-14 libclang-rt-14-dev)
 if [ "${1:-}" = "--list" ]; then
   echo "${pkgs[*]}"
   exit 0
