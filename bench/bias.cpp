@@ -16,7 +16,7 @@
 
 namespace {
 
-constexpr posenc::index_t heads = 8, seq = 4096, tile = 128;
+constexpr posenc::index_t heads = 8, seq = 4096, tile_keys = 128;
 constexpr std::int64_t bias_bytes = heads * seq * seq * static_cast<std::int64_t>(sizeof(float));
 
 enum class pattern { row, tile, matrix };
@@ -35,7 +35,7 @@ void run_bias(benchmark::State& state, E const& enc, pattern pat) {
           enc.bias_row(h, q, 0, seq, row.data());
           break;
         case pattern::tile:
-          for (posenc::index_t k = 0; k < seq; k += tile) enc.bias_row(h, q, k, tile, row.data() + k);
+          for (posenc::index_t k = 0; k < seq; k += tile_keys) enc.bias_row(h, q, k, tile_keys, row.data() + k);
           break;
         case pattern::matrix:
           enc.bias_row(h, q, 0, seq, matrix.data() + q * seq);

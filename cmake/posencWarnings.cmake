@@ -6,6 +6,11 @@ function(posenc_project_target tgt)
   target_link_libraries(${tgt} PRIVATE posenc::posenc)
   if(CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
     target_compile_options(${tgt} PRIVATE -Wall -Wextra -Werror)
+    if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
+      # Shadowing and narrowing conversions too (with g++; clang's -Wconversion also takes
+      # in sign conversions, which packaging.strict_consumer checks for the public headers).
+      target_compile_options(${tgt} PRIVATE -Wshadow -Wconversion)
+    endif()
     if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND CMAKE_CXX_COMPILER_VERSION VERSION_LESS 12.3)
       # GCC bug 105593: false positives inside GCC's own AVX-512 intrinsics headers.
       target_compile_options(${tgt} PRIVATE -Wno-uninitialized -Wno-maybe-uninitialized)

@@ -11,9 +11,9 @@ int main() {
   posenc::index_t const B = 1, S = 6, H = 2, D = 8;
   std::vector<float> q(B * S * H * D), k(q.size()), v(q.size()), out(q.size()), ref(q.size());
   for (std::size_t i = 0; i < q.size(); ++i) {
-    q[i] = std::sin(0.1f * i);
-    k[i] = std::cos(0.2f * i);
-    v[i] = 0.1f * (i % 5);
+    q[i] = std::sin(0.1f * static_cast<float>(i));
+    k[i] = std::cos(0.2f * static_cast<float>(i));
+    v[i] = 0.1f * static_cast<float>(i % 5);
   }
   auto view = [&](std::vector<float>& x) { return posenc::make_bshd(x.data(), B, S, H, D); };
 

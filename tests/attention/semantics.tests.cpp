@@ -334,7 +334,9 @@ TEMPLATE_TEST_CASE("attention: encoders act where their traits say", "[attention
         for (index_t i = 0; i < 3; ++i)
           check_row(p, b, i, h,
                     expected_row(p, b, i, h, sc, all_keys,
-                                 [&](index_t j) { return -std::pow(2.0, -(h + 1.0)) * std::abs(double((6 + j) - (7 + i))); }),
+                                 [&](index_t j) {
+                                   return -std::pow(2.0, -(static_cast<double>(h) + 1.0)) * std::abs(static_cast<double>((6 + j) - (7 + i)));
+                                 }),
                     1e-12);
   }
   SECTION("Shaw: scale * q.aK in the scores, sum p aV in the outputs") {

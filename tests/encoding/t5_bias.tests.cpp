@@ -29,7 +29,9 @@ index_t reference_bucket(index_t delta, bool bidirectional, index_t nb, index_t 
   }
   index_t const e = half / 2;
   if (n < e) return offset + n;
-  double const large = std::log(static_cast<double>(n) / e) / std::log(static_cast<double>(md) / e) * (half - e);
+  double const de = static_cast<double>(e);
+  double const large =
+      std::log(static_cast<double>(n) / de) / std::log(static_cast<double>(md) / de) * static_cast<double>(half - e);
   return offset + std::min<index_t>(half - 1, e + static_cast<index_t>(std::trunc(large)));
 }
 
