@@ -151,7 +151,8 @@ namespace detail {
 template <class E, class = void>
 struct has_parts_member : std::false_type {};
 template <class E>
-struct has_parts_member<E, std::void_t<decltype(std::tuple_size<std::decay_t<decltype(std::declval<E const&>().parts())>>::value)>>
+struct has_parts_member<
+    E, std::void_t<decltype(std::tuple_size<std::decay_t<decltype(std::declval<E const&>().parts())>>::value)>>
     : std::true_type {};
 template <class E, class = void>
 struct has_head_dim_member : std::false_type {};

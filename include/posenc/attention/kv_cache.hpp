@@ -68,8 +68,8 @@ class kv_cache {
     detail::check_equal(w, "v.dim", v.dim, vdim_, "cache value_dim");
     detail::check_equal(w, "v.seq", v.seq, k.seq, "k.seq");
     constexpr bool rotates = encoder_traits<E>::rotates_queries_keys;
-    detail::require(len_ == 0 || rotates == rotated_, w, "the encoder's rotates_queries_keys is ", rotates ? "true" : "false",
-                    ", expected ", rotated_ ? "true" : "false", " (the ", len_, " cached keys are stored ",
+    detail::require(len_ == 0 || rotates == rotated_, w, "the encoder's rotates_queries_keys is ",
+                    rotates ? "true" : "false", ", expected ", rotated_ ? "true" : "false", " (the ", len_, " cached keys are stored ",
                     rotated_ ? "rotated" : "unrotated", "; clear() the cache to change the encoder)");
     index_t const n = k.seq;
     if (n == 0) return;
