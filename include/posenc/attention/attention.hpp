@@ -201,8 +201,9 @@ void check_encoder_head_dim(char const* where, E const& enc, index_t head_dim) {
 /// @param out (batch, Sq, Hq, cache.value_dim())
 /// @throws posenc::error on any bad argument or contradiction, before anything is written.
 template <class Path = path::best, class T, class E>
-void attention(view<const detail::identity_t<T>> q, kv_cache<detail::identity_t<T>> const& cache, view<T> out,
+void attention(view<const detail::identity_t<T>> q, kv_cache<T> const& cache, view<detail::identity_t<T>> out,
                E const& enc, attention_options<detail::identity_t<T>> opt = {}) {
+  // T is deduced from the cache alone: a call with views in that place never names kv_cache<const T>.
   char const* w = "posenc::attention";
   if constexpr (has_encoder_traits_v<E>) {
     constexpr bool rotates = encoder_traits<E>::rotates_queries_keys;
