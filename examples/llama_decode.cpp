@@ -32,7 +32,9 @@ int main() {
   posenc::attention_options<float> causal;
   causal.causal = true;
 
-  // Prefill the prompt into a cache, then decode one token at a time.
+  // Prefill the prompt into a cache, then decode one token at a time. Each step appends the
+  // new keys (rotated once, at their positions) and values, then attends over the cache with
+  // posenc::attention(q, cache, out, rope, opt): rotation state and positions come from the cache.
   auto cache = layer.make_cache(1);
   std::vector<float> y_steps(x.size());
   layer.forward(posenc::make_bsd<const float>(x.data(), 1, prompt, model),

@@ -75,10 +75,9 @@ TEST_CASE("docs/attention.md: decoding with a kv_cache", "[docs]") {
     cache.append(posenc::make_bshd<const float>(k.data(), 1, 1, kv_heads, head_dim),
                  posenc::make_bshd<const float>(v.data(), 1, 1, kv_heads, head_dim), rope);
     posenc::attention_options<float> opt;
-    opt.causal = true;
-    opt.keys_rotated = true;  // the cache holds rotated keys
-    posenc::attention(posenc::make_bshd<const float>(q.data(), 1, 1, q_heads, head_dim), cache.keys(),
-                      cache.values(), posenc::make_bshd(out.data(), 1, 1, q_heads, head_dim), rope, opt);
+    opt.causal = true;  // rotation state and positions come from the cache
+    posenc::attention(posenc::make_bshd<const float>(q.data(), 1, 1, q_heads, head_dim), cache,
+                      posenc::make_bshd(out.data(), 1, 1, q_heads, head_dim), rope, opt);
     last = out;
   }
   // The last step equals the last row of one causal call over all tokens.

@@ -110,11 +110,15 @@ TEMPLATE_TEST_CASE("property 1-2: permutation equivariance without positions, br
     for (index_t s = 0; s < S; ++s)
       std::copy_n(x.begin() + (b * S + perm[s]) * model, model, xp.begin() + (b * S + s) * model);
   // max |y_perm[s] - y[perm[s]]|
-  auto permutation_error = [&](auto const& module) {
-    std::vector<double> y(x.size()), yp(x.size());
-    module.template forward<TestType>(posenc::make_bsd<const double>(x.data(), B, S, model),
+  // Absolute encoders act as the reference models place them: added to the
+  // embeddings (positions 0..S-1) before the layer, which then encodes nothing.
+  auto permutation_error = [&](auto const& module, auto const&... absolute) {
+    std::vector<double> xe = x, xpe = xp, y(x.size()), yp(x.size());
+    (absolute.add_to(posenc::make_bsd(xe.data(), B, S, model), posenc::position_span(0)), ...);
+    (absolute.add_to(posenc::make_bsd(xpe.data(), B, S, model), posenc::position_span(0)), ...);
+    module.template forward<TestType>(posenc::make_bsd<const double>(xe.data(), B, S, model),
                                       posenc::make_bsd(y.data(), B, S, model));
-    module.template forward<TestType>(posenc::make_bsd<const double>(xp.data(), B, S, model),
+    module.template forward<TestType>(posenc::make_bsd<const double>(xpe.data(), B, S, model),
                                       posenc::make_bsd(yp.data(), B, S, model));
     double e = 0;
     for (index_t b = 0; b < B; ++b)
@@ -125,9 +129,10 @@ TEMPLATE_TEST_CASE("property 1-2: permutation equivariance without positions, br
   };
   auto const u = static_cast<std::uint64_t>(seed);
   CHECK(permutation_error(make_module(model, hq, hkv, d, posenc::none{}, u)) < 1e-12);
-  CHECK(permutation_error(make_module(model, hq, hkv, d, posenc::sinusoidal<double>(model), u)) > 1e-3);
-  CHECK(permutation_error(make_module(model, hq, hkv, d, posenc::learned<double>::random(16, model, u), u)) > 1e-3);
-  CHECK(permutation_error(make_module(model, hq, hkv, d, posenc_test::fake_absolute{}, u)) > 1e-3);
+  auto const plain = make_module(model, hq, hkv, d, posenc::none{}, u);
+  CHECK(permutation_error(plain, posenc::sinusoidal<double>(model)) > 1e-3);
+  CHECK(permutation_error(plain, posenc::learned<double>::random(16, model, u)) > 1e-3);
+  CHECK(permutation_error(plain, posenc_test::fake_absolute{}) > 1e-3);
   // relative encoders detect order too (scores depend on i - j)
   CHECK(permutation_error(make_module(model, hq, hkv, d, posenc::rope<double>(posenc::rope_layout::half_split, d), u)) > 1e-3);
 }
@@ -163,10 +168,13 @@ TEMPLATE_TEST_CASE("property 4: cached decode equals prefill", "[properties]", p
   index_t const hkv = 1 + static_cast<index_t>(gen() % 2), hq = 2 * hkv, d = 8, model = 16;
   index_t const prompt = static_cast<index_t>(gen() % 3);  // tokens given in one first step
   auto const u = static_cast<std::uint64_t>(seed);
-  auto x = random_vector<double>(static_cast<std::size_t>(B * S * model), u);
-  auto check = [&](std::string const& name, auto enc) {
+  auto const x_in = random_vector<double>(static_cast<std::size_t>(B * S * model), u);
+  // `absolute...`: encoders added to the embeddings (positions 0..S-1) before the layer.
+  auto check = [&](std::string const& name, auto enc, auto const&... absolute) {
     INFO(name << ": B " << B << " S " << S << " prompt " << prompt);
     auto m = make_module(model, hq, hkv, d, std::move(enc), u);
+    auto x = x_in;
+    (absolute.add_to(posenc::make_bsd(x.data(), B, S, model), posenc::position_span(0)), ...);
     posenc::attention_options<double> opt;
     opt.causal = true;
     std::vector<double> full(x.size()), steps(x.size());
@@ -185,16 +193,16 @@ TEMPLATE_TEST_CASE("property 4: cached decode equals prefill", "[properties]", p
     CHECK(posenc_test::max_abs_diff(full, steps) < 1e-10);
   };
   check("none", posenc::none{});
-  check("sinusoidal", posenc::sinusoidal<double>(model));
-  check("learned", posenc::learned<double>::random(32, model, u));
+  check("sinusoidal", posenc::none{}, posenc::sinusoidal<double>(model));
+  check("learned", posenc::none{}, posenc::learned<double>::random(32, model, u));
   for_each_relative(hq, d, u, [&](std::string const& name, auto const& enc) { check(name, enc); });
   check("rope dynamic NTK below its length", posenc::rope<double>(posenc::rope_layout::half_split, d,
         {std::nullopt, 10000.0, posenc::rope_scaling::dynamic_ntk(2.0, 64)}));
   std::vector<double> sf(static_cast<std::size_t>(d / 2), 1.5), lf(static_cast<std::size_t>(d / 2), 3.0);
   check("rope longrope below its length", posenc::rope<double>(posenc::rope_layout::half_split, d,
         {std::nullopt, 10000.0, posenc::rope_scaling::longrope(sf, lf, 64, 256)}));
-  check("learned + t5", posenc::compose(posenc::learned<double>::random(32, model, u),
-                                        posenc::t5_bias<double>({hq, false, 32, 128}, u, 0.5)));
+  check("learned + t5", posenc::t5_bias<double>({hq, false, 32, 128}, u, 0.5),
+        posenc::learned<double>::random(32, model, u));
   check("fake rotary", posenc_test::fake_rotary{});
   check("fake shaw", posenc_test::fake_shaw<double>(2, d, true, u));
 }

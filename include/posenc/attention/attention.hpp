@@ -3,10 +3,12 @@
 #pragma once
 
 #include <algorithm>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
 #include "posenc/attention/fused.hpp"
+#include "posenc/attention/kv_cache.hpp"
 #include "posenc/attention/materialized.hpp"
 #include "posenc/attention/options.hpp"
 #include "posenc/attention/plan.hpp"
@@ -142,6 +144,91 @@ void attention(view<const detail::identity_t<T>> q, view<const detail::identity_
     if constexpr (!encoder_traits<E>::adds_to_embeddings && problem == contract_problem::none)
       detail::run_attention<Path, false>(q, k, v, out, enc, opt);
   }
+}
+
+namespace detail {
+
+template <class E, class = void>
+struct has_parts_member : std::false_type {};
+template <class E>
+struct has_parts_member<
+    E, std::void_t<decltype(std::tuple_size<std::decay_t<decltype(std::declval<E const&>().parts())>>::value)>>
+    : std::true_type {};
+template <class E, class = void>
+struct has_head_dim_member : std::false_type {};
+template <class E>
+struct has_head_dim_member<E, std::void_t<decltype(index_t(std::declval<E const&>().head_dim()))>> : std::true_type {};
+
+/// Requires every head_dim() the encoder (or a part of a compose) reports,
+/// other than 0, to be the cache's head_dim: a RoPE or Shaw encoder built for
+/// another head width does not belong to this cache.
+template <class E>
+void check_encoder_head_dim(char const* where, E const& enc, index_t head_dim) {
+  if constexpr (has_parts_member<E>::value) {
+    std::apply([&](auto const&... p) { (check_encoder_head_dim(where, p, head_dim), ...); }, enc.parts());
+  } else if constexpr (has_head_dim_member<E>::value) {
+    index_t const d = enc.head_dim();
+    require(d == 0 || d == head_dim, where, "encoder head_dim() is ", d, ", expected ", head_dim,
+            " (cache.head_dim())");
+  } else {
+    (void)where, (void)enc, (void)head_dim;
+  }
+}
+
+}  // namespace detail
+
+/// Attention of q over the keys and values held by a kv_cache: what is cached
+/// and where it sits comes from the cache and cannot disagree with it.
+///
+/// - Keys: `cache.keys()`, taken as already rotated exactly when the cache
+///   stores them rotated (`cache.keys_rotated()`, set by `append` with a
+///   rotating encoder). `opt.keys_rotated` is set from the cache; leaving it
+///   false (its default) is fine, setting it true over unrotated keys throws.
+/// - Key positions: key j sits at `cache.first_position() + j`;
+///   `opt.k_positions` must be unset.
+/// - Key lengths: every sequence has `cache.length()` keys; `opt.key_lengths`
+///   must be empty (mask keys with `opt.mask` / `opt.bool_mask`).
+/// - Query positions: by default the Sq queries are the last Sq tokens
+///   appended (bottom-right): query i at `cache.next_position() - Sq + i`.
+///   `opt.q_positions` overrides it (e.g. queries that were not appended).
+/// - The encoder must act as it did on `append`: it rotates exactly when the
+///   cached keys are rotated (for a non-empty cache), and any `head_dim()` it
+///   (or a part of a compose) reports is `cache.head_dim()`.
+///
+/// @param q   (batch, Sq, Hq, D), batch = cache.batch(), D = cache.head_dim(),
+///            Hq a multiple of cache.kv_heads()
+/// @param cache the keys and values, appended with an encoder acting as `enc`
+/// @param out (batch, Sq, Hq, cache.value_dim())
+/// @throws posenc::error on any bad argument or contradiction, before anything is written.
+template <class Path = path::best, class T, class E>
+void attention(view<const detail::identity_t<T>> q, kv_cache<T> const& cache, view<detail::identity_t<T>> out,
+               E const& enc, attention_options<detail::identity_t<T>> opt = {}) {
+  // T is deduced from the cache alone: a call with views in that place never names kv_cache<const T>.
+  char const* w = "posenc::attention";
+  if constexpr (has_encoder_traits_v<E>) {
+    constexpr bool rotates = encoder_traits<E>::rotates_queries_keys;
+    bool const stored_rotated = cache.keys_rotated();
+    detail::check_view(w, "q", q);
+    detail::check_equal(w, "q.batch", q.batch, cache.batch(), "cache.batch()");
+    detail::check_equal(w, "q.dim", q.dim, cache.head_dim(), "cache.head_dim()");
+    detail::require(!opt.k_positions, w, "k_positions is set, expected unset with a kv_cache (key j sits at "
+                    "cache.first_position() + j = ", cache.first_position(), " + j)");
+    detail::require(opt.key_lengths.empty() && opt.key_lengths.data() == nullptr, w, "key_lengths has ",
+                    opt.key_lengths.size(), " entries, expected none with a kv_cache (every sequence has "
+                    "cache.length() = ", cache.length(), " keys; mask keys with mask or bool_mask)");
+    detail::require(!opt.keys_rotated || stored_rotated, w, "keys_rotated is true, expected false (the ",
+                    cache.length(), " cached keys are stored unrotated)");
+    detail::require(cache.length() == 0 || rotates == stored_rotated, w, "the encoder's rotates_queries_keys is ",
+                    rotates ? "true" : "false", ", expected ", stored_rotated ? "true" : "false", " (the ",
+                    cache.length(), " cached keys are stored ", stored_rotated ? "rotated" : "unrotated",
+                    ": attend with an encoder that acts as the one used on append)");
+    detail::check_encoder_head_dim(w, enc, cache.head_dim());
+    opt.keys_rotated = stored_rotated;
+    opt.k_positions = position_span(cache.first_position());
+    // next_position() <= position_limit and q.seq >= 0 (checked): no overflow.
+    if (!opt.q_positions) opt.q_positions = position_span(cache.next_position() - q.seq);
+  }
+  attention<Path, T>(q, cache.keys(), cache.values(), out, enc, opt);
 }
 
 }  // namespace posenc

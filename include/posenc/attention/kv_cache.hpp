@@ -17,8 +17,9 @@ namespace posenc {
 /// Keys and values of the tokens seen so far, for a batch of sequences that
 /// advance together. Token s of the cache sits at position `first_position() + s`.
 /// When the encoder rotates queries and keys, append() stores the keys rotated
-/// (at their positions, with length = the new cache length), so attention over
-/// the cache passes `keys_rotated = true`.
+/// (at their positions, with length = the new cache length) and records it
+/// (`keys_rotated()`); `posenc::attention(q, cache, out, enc, opt)` reads the
+/// keys, values, their positions and that record from the cache.
 ///
 /// Storage: (batch, capacity, kv_heads, dim), grown geometrically.
 /// @tparam T float or double
@@ -46,6 +47,10 @@ class kv_cache {
   /// Appends k (batch, S, kv_heads, head_dim) and v (batch, S, kv_heads, value_dim)
   /// as the next S tokens; rotates the stored keys when the encoder rotates.
   ///
+  /// Every append to a non-empty cache uses an encoder that rotates exactly
+  /// when the cached keys are rotated (`keys_rotated()`): a cache never holds
+  /// rotated and unrotated keys side by side.
+  ///
   /// Strong guarantee: every check (shapes, sizes, positions, and the encoder's
   /// own checks, which run on a rotated copy of the new keys) happens before
   /// the storage is reallocated or written; after a failed append the cache
@@ -62,6 +67,10 @@ class kv_cache {
     detail::check_equal(w, "k.dim", k.dim, dim_, "cache head_dim");
     detail::check_equal(w, "v.dim", v.dim, vdim_, "cache value_dim");
     detail::check_equal(w, "v.seq", v.seq, k.seq, "k.seq");
+    constexpr bool rotates = encoder_traits<E>::rotates_queries_keys;
+    detail::require(len_ == 0 || rotates == rotated_, w, "the encoder's rotates_queries_keys is ",
+                    rotates ? "true" : "false", ", expected ", rotated_ ? "true" : "false", " (the ", len_, " cached keys are stored ",
+                    rotated_ ? "rotated" : "unrotated", "; clear() the cache to change the encoder)");
     index_t const n = k.seq;
     if (n == 0) return;
     index_t const len = detail::checked_add(w, len_, n, "length() + k.seq");
@@ -92,6 +101,7 @@ class kv_cache {
           std::copy(src.ptr(b, s, h), src.ptr(b, s, h) + dim_, kd.ptr(b, len_ + s, h));
           std::copy(v.ptr(b, s, h), v.ptr(b, s, h) + vdim_, vd.ptr(b, len_ + s, h));
         }
+    if (len_ == 0) rotated_ = rotates;
     len_ = len;
   }
 
@@ -101,6 +111,9 @@ class kv_cache {
   view<const T> values() const noexcept { return const_view(values_.data(), vdim_); }
   /// Number of cached tokens.
   index_t length() const noexcept { return len_; }
+  /// True when the cached keys are stored rotated (they were appended with an
+  /// encoder that rotates queries and keys); false for an empty cache.
+  bool keys_rotated() const noexcept { return len_ > 0 && rotated_; }
   /// Position of cached token 0.
   index_t first_position() const noexcept { return first_; }
   /// Position the next appended token gets.
@@ -172,6 +185,7 @@ class kv_cache {
 
   index_t batch_, heads_, dim_, vdim_, first_;
   index_t len_ = 0, cap_ = 0;
+  bool rotated_ = false;  // how the cached keys are stored; meaningful while len_ > 0
   std::vector<T> keys_, values_;
 };
 

@@ -3,6 +3,9 @@
 #pragma once
 
 
+#include <type_traits>
+#include <utility>
+
 #include "posenc/attention/attention.hpp"
 #include "posenc/attention/kv_cache.hpp"
 #include "posenc/core/eigen.hpp"
@@ -12,34 +15,52 @@
 
 namespace posenc {
 
-/// Sizes of a multi-head attention layer.
+/// Sizes of a multi-head attention layer (docs/attention.md, "mha_config").
+/// A 0 in kv_heads, head_dim or value_dim asks for the default written beside it.
 struct mha_config {
-  index_t model_dim = 0;  ///< width of the input and output tokens
-  index_t q_heads = 0;    ///< query heads
-  index_t kv_heads = 0;   ///< key/value heads (0 = q_heads; fewer = grouped-query attention)
-  index_t head_dim = 0;   ///< query/key head width (0 = model_dim / q_heads)
+  index_t model_dim = 0;  ///< width of the input and output tokens; must be > 0
+  index_t q_heads = 0;    ///< query heads; must be > 0
+  index_t kv_heads = 0;   ///< key/value heads (0 = q_heads; fewer = grouped-query attention); must divide q_heads
+  index_t head_dim = 0;   ///< query/key head width (0 = model_dim / q_heads, which must then divide evenly)
   index_t value_dim = 0;  ///< value head width (0 = head_dim)
 };
 
 /// A multi-head self-attention layer:
-///   x' = x + pe(pos)                      (encoders that add to embeddings)
-///   q = x' Wq^T + bq, k = x' Wk^T + bk, v = x' Wv^T + bv   (per head slices)
+///   q = x Wq^T + bq, k = x Wk^T + bk, v = x Wv^T + bv   (per head slices)
 ///   o = attention(q, k, v) with the encoder's rotation / bias / Shaw terms
 ///   y = o Wo^T + bo
-/// Weights use the nn.Linear layout (out_features, in_features), row-major.
+/// Weights use the nn.Linear layout (out_features, in_features), row-major,
+/// copied by `load` or borrowed from the caller by `load_borrowed`.
+///
+/// Absolute encodings (sinusoidal, learned) are not the layer's business: the
+/// reference models (BERT, GPT-2, RoBERTa) add them once, to the token
+/// embeddings before the first LayerNorm / block, so that they flow through
+/// the residual stream of every layer. Do that with the encoder's own call,
+///   pe.add_to(embeddings, positions);   // (batch, seq, model_dim), in place
+/// and build the layer with the encoder's relative part (or posenc::none). An
+/// encoder that adds to embeddings, alone or inside a compose, is a compile
+/// error here rather than being applied at a place no reference model uses
+/// or dropped without a word.
+///
 /// `forward(x, y, cache)` decodes with a kv_cache: it appends the new keys
-/// (rotated) and values and attends over everything cached; token by token it
-/// gives the same result as one prefill over the whole sequence with causal
-/// attention (for dynamic NTK / LongRoPE only while their length rule keeps
-/// the frequencies fixed).
-/// @tparam Encoder any encoder (additive ones included)
+/// (rotated) and values and attends over everything cached through
+/// `posenc::attention(q, cache, out, enc, opt)`; token by token it gives the
+/// same result as one prefill over the whole sequence with causal attention
+/// (for dynamic NTK / LongRoPE only while their length rule keeps the
+/// frequencies fixed).
+/// @tparam Encoder an encoder that does not add to embeddings (rotation, bias, Shaw, none, or a compose of them)
 /// @tparam T float or double
 template <class Encoder, class T = float>
 class multi_head_attention {
-  // The encoder contract (encoding/traits.hpp), additive encoders included: at most one fires.
+  // The encoder contract (encoding/traits.hpp): at most one fires.
   static_assert(has_encoder_traits_v<Encoder>,
                 "posenc::multi_head_attention: Encoder is not an encoder; specialize "
                 "posenc::encoder_traits<Encoder> (see posenc/encoding/traits.hpp)");
+  static_assert(!std::conditional_t<has_encoder_traits_v<Encoder>, encoder_traits<Encoder>,
+                                    detail::no_traits>::adds_to_embeddings,
+                "posenc::multi_head_attention: the encoder adds to embeddings, which reference models do once, "
+                "to the token embeddings before the first layer; call its add_to(embeddings, positions) there "
+                "and give the layer only the encoder's relative part (or posenc::none)");
   static constexpr detail::contract_problem problem_ = detail::encoder_contract_problem<Encoder, T>();
   static_assert(problem_ != detail::contract_problem::value_type,
                 "posenc::multi_head_attention: the encoder's value_type is not T; build the encoder with "
@@ -47,9 +68,6 @@ class multi_head_attention {
   static_assert(problem_ != detail::contract_problem::max_positions,
                 "posenc::multi_head_attention: the encoder has no `index_t max_positions() const`; every "
                 "encoder needs one (return 0 when any position works)");
-  static_assert(problem_ != detail::contract_problem::add_to,
-                "posenc::multi_head_attention: encoder_traits<Encoder>::adds_to_embeddings is true but the "
-                "encoder has no `add_to(token_view<T>, position_span) const`");
   static_assert(problem_ != detail::contract_problem::rotate,
                 "posenc::multi_head_attention: encoder_traits<Encoder>::rotates_queries_keys is true but the "
                 "encoder has no `rotate(view<T>, position_span, index_t) const`");
@@ -85,35 +103,63 @@ class multi_head_attention {
     if (cfg_.value_dim == 0) cfg_.value_dim = cfg_.head_dim;
     detail::require(cfg_.value_dim > 0, w, "value_dim is ", cfg_.value_dim, ", expected > 0");
     index_t const m = cfg_.model_dim;
-    wq_ = matrix::Zero(cfg_.q_heads * cfg_.head_dim, m);
-    wk_ = matrix::Zero(cfg_.kv_heads * cfg_.head_dim, m);
-    wv_ = matrix::Zero(cfg_.kv_heads * cfg_.value_dim, m);
-    wo_ = matrix::Zero(m, cfg_.q_heads * cfg_.value_dim);
-    bq_ = vector::Zero(wq_.rows());
-    bk_ = vector::Zero(wk_.rows());
-    bv_ = vector::Zero(wv_.rows());
-    bo_ = vector::Zero(m);
+    index_t const rows[4] = {cfg_.q_heads * cfg_.head_dim, cfg_.kv_heads * cfg_.head_dim,
+                             cfg_.kv_heads * cfg_.value_dim, m};
+    index_t const cols[4] = {m, m, m, cfg_.q_heads * cfg_.value_dim};
+    for (int i = 0; i < 4; ++i) {
+      rows_[i] = rows[i];
+      cols_[i] = cols[i];
+      weights_[i] = matrix::Zero(rows[i], cols[i]);
+      biases_[i] = vector::Zero(rows[i]);
+    }
   }
 
   /// Copies the projection weights from caller buffers, each (out_features,
   /// in_features) row-major: wq (Hq*D, model), wk (Hkv*D, model), wv (Hkv*Dv,
-  /// model), wo (model, Hq*Dv). Biases are optional (null = zero).
+  /// model), wo (model, Hq*Dv). Biases are optional (null = zero): bq (Hq*D),
+  /// bk (Hkv*D), bv (Hkv*Dv), bo (model). The buffers may be freed afterwards.
   void load(T const* wq, T const* wk, T const* wv, T const* wo, T const* bq = nullptr,
             T const* bk = nullptr, T const* bv = nullptr, T const* bo = nullptr) {
-    char const* w = "posenc::multi_head_attention::load";
-    detail::require(wq && wk && wv && wo, w, "a weight pointer is null, expected wq, wk, wv, wo");
-    copy_into(wq_, wq);
-    copy_into(wk_, wk);
-    copy_into(wv_, wv);
-    copy_into(wo_, wo);
-    load_bias(bq_, bq);
-    load_bias(bk_, bk);
-    load_bias(bv_, bv);
-    load_bias(bo_, bo);
+    T const* const src[8] = {wq, wk, wv, wo, bq, bk, bv, bo};
+    check_weights("posenc::multi_head_attention::load", src);
+    for (int i = 0; i < 4; ++i) {
+      weights_[i] = Eigen::Map<const matrix>(src[i], rows_[i], cols_[i]);
+      if (src[4 + i]) {
+        biases_[i] = Eigen::Map<const vector>(src[4 + i], rows_[i]);
+      } else {
+        biases_[i].setZero(rows_[i]);
+      }
+      borrowed_[i] = borrowed_[4 + i] = nullptr;
+    }
   }
+
+  /// Borrows the projection weights: the layer reads the caller's buffers
+  /// (same layouts as load(); Eigen::Map over them) and copies nothing, so a
+  /// memory-mapped checkpoint is used in place. Null biases are zero.
+  ///
+  /// Lifetime: every buffer must stay valid and unchanged while any forward()
+  /// runs, until the layer (and every copy of it: copies borrow the same
+  /// buffers) is destroyed or loads other weights with load() or
+  /// load_borrowed(). Changes written to the buffers between calls are seen
+  /// by the next forward().
+  void load_borrowed(T const* wq, T const* wk, T const* wv, T const* wo, T const* bq = nullptr,
+                     T const* bk = nullptr, T const* bv = nullptr, T const* bo = nullptr) {
+    T const* const src[8] = {wq, wk, wv, wo, bq, bk, bv, bo};
+    check_weights("posenc::multi_head_attention::load_borrowed", src);
+    for (int i = 0; i < 4; ++i) {
+      weights_[i] = matrix();  // the owned copy is not needed while borrowing
+      biases_[i].setZero(rows_[i]);
+      borrowed_[i] = src[i];
+      borrowed_[4 + i] = src[4 + i];
+    }
+  }
+
+  /// True when the weights are borrowed (load_borrowed), false when owned.
+  bool borrows_weights() const noexcept { return borrowed_[0] != nullptr; }
 
   /// Prefill / encoder self-attention over x (batch, seq, model_dim) into y
   /// (same shape). Positions: opt.q_positions (also used for the keys), else 0..seq-1.
+  /// x already holds any absolute encoding (added to the embeddings).
   template <class Path = path::best>
   void forward(token_view<const T> x, token_view<T> y, attention_options<T> opt = {}) const {
     check_io(x, y);
@@ -121,21 +167,23 @@ class multi_head_attention {
     opt.q_positions = pos;
     if (!opt.k_positions) opt.k_positions = pos;
     index_t const B = x.batch, S = x.seq;
-    matrix X = embed(x, pos);
-    matrix Q = project(X, wq_, bq_), K = project(X, wk_, bk_), V = project(X, wv_, bv_);
+    matrix X = pack(x);
+    matrix Q = project(X, 0), K = project(X, 1), V = project(X, 2);
     matrix O(B * S, cfg_.q_heads * cfg_.value_dim);
-    detail::run_attention<Path, true, T>(
-        make_bshd<const T>(Q.data(), B, S, cfg_.q_heads, cfg_.head_dim),
-        make_bshd<const T>(K.data(), B, S, cfg_.kv_heads, cfg_.head_dim),
-        make_bshd<const T>(V.data(), B, S, cfg_.kv_heads, cfg_.value_dim),
-        make_bshd<T>(O.data(), B, S, cfg_.q_heads, cfg_.value_dim), enc_, opt);
+    posenc::attention<Path, T>(make_bshd<const T>(Q.data(), B, S, cfg_.q_heads, cfg_.head_dim),
+                               make_bshd<const T>(K.data(), B, S, cfg_.kv_heads, cfg_.head_dim),
+                               make_bshd<const T>(V.data(), B, S, cfg_.kv_heads, cfg_.value_dim),
+                               make_bshd<T>(O.data(), B, S, cfg_.q_heads, cfg_.value_dim), enc_, opt);
     write_out(O, y);
   }
 
   /// Decode (or prefill into a cache): x (batch, S, model_dim) are the next S
   /// tokens after the cached ones, at positions cache.next_position() + s.
-  /// Their keys and values are appended to the cache; queries attend over the
-  /// whole cache (set opt.causal for decoder self-attention).
+  /// Their keys and values are appended to the cache; the queries attend over
+  /// the whole cache with `posenc::attention(q, cache, out, enc, opt)` (set
+  /// opt.causal for decoder self-attention). Positions and key lengths come
+  /// from the cache: opt.q_positions, opt.k_positions and opt.key_lengths must
+  /// be unset.
   template <class Path = path::best>
   void forward(token_view<const T> x, token_view<T> y, kv_cache<T>& cache,
                attention_options<T> opt = {}) const {
@@ -143,24 +191,23 @@ class multi_head_attention {
     check_io(x, y);
     detail::require(!opt.q_positions && !opt.k_positions, w,
                     "q_positions/k_positions are set, expected unset with a cache (it tracks positions)");
+    detail::require(opt.key_lengths.empty() && opt.key_lengths.data() == nullptr, w, "key_lengths has ",
+                    opt.key_lengths.size(), " entries, expected none with a cache (it holds length() keys "
+                    "per sequence)");
     detail::check_equal(w, "cache.batch", cache.batch(), x.batch, "x.batch");
     detail::check_equal(w, "cache.kv_heads", cache.kv_heads(), cfg_.kv_heads, "kv_heads");
     detail::check_equal(w, "cache.head_dim", cache.head_dim(), cfg_.head_dim, "head_dim");
     detail::check_equal(w, "cache.value_dim", cache.value_dim(), cfg_.value_dim, "value_dim");
     index_t const B = x.batch, S = x.seq;
-    position_span const pos(cache.next_position());
-    matrix X = embed(x, pos);
-    matrix Q = project(X, wq_, bq_), K = project(X, wk_, bk_), V = project(X, wv_, bv_);
+    matrix X = pack(x);
+    matrix Q = project(X, 0), K = project(X, 1), V = project(X, 2);
     cache.append(make_bshd<const T>(K.data(), B, S, cfg_.kv_heads, cfg_.head_dim),
                  make_bshd<const T>(V.data(), B, S, cfg_.kv_heads, cfg_.value_dim), enc_);
-    opt.q_positions = pos;
-    opt.k_positions = position_span(cache.first_position());
-    opt.keys_rotated = true;
     matrix O(B * S, cfg_.q_heads * cfg_.value_dim);
-    detail::run_attention<Path, true, T>(make_bshd<const T>(Q.data(), B, S, cfg_.q_heads, cfg_.head_dim),
-                                         cache.keys(), cache.values(),
-                                         make_bshd<T>(O.data(), B, S, cfg_.q_heads, cfg_.value_dim),
-                                         enc_, opt);
+    // The new tokens were appended last: the default query positions are
+    // cache.next_position() - S + s, the positions their keys got.
+    posenc::attention<Path, T>(make_bshd<const T>(Q.data(), B, S, cfg_.q_heads, cfg_.head_dim), cache,
+                               make_bshd<T>(O.data(), B, S, cfg_.q_heads, cfg_.value_dim), enc_, opt);
     write_out(O, y);
   }
 
@@ -169,23 +216,30 @@ class multi_head_attention {
     return kv_cache<T>(batch, cfg_.kv_heads, cfg_.head_dim, cfg_.value_dim, first_position);
   }
 
+  using const_matrix_map = Eigen::Map<const matrix>;
+  using const_vector_map = Eigen::Map<const vector>;
+
   mha_config const& config() const noexcept { return cfg_; }
   Encoder const& encoder() const noexcept { return enc_; }
-  matrix const& w_q() const noexcept { return wq_; }
-  matrix const& w_k() const noexcept { return wk_; }
-  matrix const& w_v() const noexcept { return wv_; }
-  matrix const& w_o() const noexcept { return wo_; }
+  /// The weights in use (owned or borrowed), (out_features, in_features).
+  const_matrix_map w_q() const noexcept { return weight(0); }
+  const_matrix_map w_k() const noexcept { return weight(1); }
+  const_matrix_map w_v() const noexcept { return weight(2); }
+  const_matrix_map w_o() const noexcept { return weight(3); }
 
  private:
-  static void copy_into(matrix& m, T const* src) {
-    m = Eigen::Map<const matrix>(src, m.rows(), m.cols());
+  const_matrix_map weight(int i) const noexcept {
+    return const_matrix_map(borrowed_[i] ? borrowed_[i] : weights_[i].data(), rows_[i], cols_[i]);
   }
-  static void load_bias(vector& b, T const* src) {
-    if (src) {
-      b = Eigen::Map<const vector>(src, b.rows());
-    } else {
-      b.setZero();
-    }
+  const_vector_map bias(int i) const noexcept {
+    return const_vector_map(borrowed_[4 + i] ? borrowed_[4 + i] : biases_[i].data(), rows_[i]);
+  }
+  // Weights wq, wk, wv, wo must be non-null; biases may be null.
+  void check_weights(char const* w, T const* const (&src)[8]) const {
+    char const* const names[4] = {"wq", "wk", "wv", "wo"};
+    for (int i = 0; i < 4; ++i)
+      detail::require(src[i] != nullptr, w, names[i], " is null, expected a row-major (", rows_[i], " x ", cols_[i],
+                      ") weight buffer");
   }
   void check_io(token_view<const T> x, token_view<T> y) const {
     char const* w = "posenc::multi_head_attention::forward";
@@ -196,32 +250,28 @@ class multi_head_attention {
     detail::check_equal(w, "y.seq", y.seq, x.seq, "x.seq");
     detail::check_equal(w, "y.dim", y.dim, cfg_.model_dim, "model_dim");
   }
-  /// x packed into (batch * seq, model_dim), plus the additive encoding.
-  matrix embed(token_view<const T> x, position_span pos) const {
+  /// x packed into (batch * seq, model_dim).
+  matrix pack(token_view<const T> x) const {
     matrix X(x.batch * x.seq, cfg_.model_dim);
     for (index_t b = 0; b < x.batch; ++b)
       for (index_t s = 0; s < x.seq; ++s)
         for (index_t d = 0; d < x.dim; ++d) X(b * x.seq + s, d) = x.ptr(b, s)[d];
-    if constexpr (encoder_traits<Encoder>::adds_to_embeddings) {
-      if (X.size() > 0) enc_.add_to(make_bsd<T>(X.data(), x.batch, x.seq, cfg_.model_dim), pos);
-    } else {
-      (void)pos;
-    }
     return X;
   }
-  static matrix project(matrix const& X, matrix const& W, vector const& bias) {
-    matrix R(X.rows(), W.rows());
+  /// X W_i^T + b_i for projection i (0 q, 1 k, 2 v).
+  matrix project(matrix const& X, int i) const {
+    matrix R(X.rows(), rows_[i]);
     if (X.rows() > 0) {
-      R.noalias() = X * W.transpose();
-      R.rowwise() += bias.transpose();
+      R.noalias() = X * weight(i).transpose();
+      R.rowwise() += bias(i).transpose();
     }
     return R;
   }
   void write_out(matrix const& O, token_view<T> y) const {
     if (O.rows() == 0) return;
     matrix Y(O.rows(), cfg_.model_dim);
-    Y.noalias() = O * wo_.transpose();
-    Y.rowwise() += bo_.transpose();
+    Y.noalias() = O * weight(3).transpose();
+    Y.rowwise() += bias(3).transpose();
     for (index_t b = 0; b < y.batch; ++b)
       for (index_t s = 0; s < y.seq; ++s)
         for (index_t d = 0; d < y.dim; ++d) y.ptr(b, s)[d] = Y(b * y.seq + s, d);
@@ -229,8 +279,11 @@ class multi_head_attention {
 
   mha_config cfg_;
   Encoder enc_;
-  matrix wq_, wk_, wv_, wo_;
-  vector bq_, bk_, bv_, bo_;
+  // Projections 0..3 = q, k, v, o: (rows_, cols_) = (out_features, in_features).
+  index_t rows_[4] = {}, cols_[4] = {};
+  matrix weights_[4];                  // owned weights (empty while borrowing)
+  vector biases_[4];                   // owned biases (zeros where none is given)
+  T const* borrowed_[8] = {};          // borrowed wq, wk, wv, wo, bq, bk, bv, bo (null: owned / zero)
 };
 
 }  // namespace posenc
