@@ -350,12 +350,18 @@ TEST_CASE("kv_cache::append gives the strong guarantee", "[errors]") {
   using cview = posenc::view<const float>;
   // Cache (batch 2, kv_heads 2, head_dim 4, value_dim 2) holding 2 tokens at capacity 2,
   // so that the next append would reallocate.
-  auto make = [](index_t first_position) {
+  // Filled with RoPE (keys stored rotated), or with no encoder where the positions lie past
+  // RoPE's own range (max_positions() = 2^53) on the way to position_limit.
+  auto make = [](index_t first_position, bool rotated) {
     posenc::kv_cache<float> cache(2, 2, 4, 2, first_position);
     std::vector<float> k = posenc_test::random_vector<float>(2 * 2 * 2 * 4, 7);
     std::vector<float> v = posenc_test::random_vector<float>(2 * 2 * 2 * 2, 8);
-    cache.append(posenc::make_bshd<const float>(k.data(), 2, 2, 2, 4), posenc::make_bshd<const float>(v.data(), 2, 2, 2, 2),
-                 posenc::rope<float>(posenc::rope_layout::half_split, 4));
+    auto const kk = posenc::make_bshd<const float>(k.data(), 2, 2, 2, 4);
+    auto const vv2 = posenc::make_bshd<const float>(v.data(), 2, 2, 2, 2);
+    if (rotated)
+      cache.append(kk, vv2, posenc::rope<float>(posenc::rope_layout::half_split, 4));
+    else
+      cache.append(kk, vv2, posenc::none{});
     return cache;
   };
   std::vector<float> k = posenc_test::random_vector<float>(2 * 3 * 2 * 4, 9);
@@ -385,14 +391,14 @@ TEST_CASE("kv_cache::append gives the strong guarantee", "[errors]") {
        "k.batch x k.seq is"},
       {"rotary dim of the encoder", 0,
        [&](auto& c) { c.append(kv, vv, posenc::rope<float>(posenc::rope_layout::half_split, 8)); }, "posenc::rope"},
-      {"positions past position_limit", lim - 3, [&](auto& c) { c.append(kv, vv, rope4); },
-       "last new position is 1152921504606846975 + 2 (next_position() + k.seq - 1), expected <= "},
+      {"positions past the encoder's max_positions()", (index_t{1} << 53) - 3, [&](auto& c) { c.append(kv, vv, rope4); },
+       "posenc::rope"},
       {"positions past position_limit, no encoder", lim - 3, [&](auto& c) { c.append(kv, vv, posenc::none{}); },
-       "last new position is"},
+       "last new position is 1152921504606846975 + 2 (next_position() + k.seq - 1), expected <= "},
   };
   for (failure const& f : failures) {
     SECTION(std::string("append fails on ") + f.name) {
-      posenc::kv_cache<float> cache = make(f.first_position);
+      posenc::kv_cache<float> cache = make(f.first_position, f.first_position <= (index_t{1} << 53) - 3);
       cview const keys = cache.keys(), values = cache.values();
       std::vector<float> keys_before, values_before;
       for (index_t b = 0; b < 2; ++b)
