@@ -214,15 +214,25 @@ TEST_CASE("rope errors: sizes, positions and lengths never overflow index_t", "[
   auto const orig = posenc_test::random_vector<float>(2 * 3 * 4 * 16, 3);
   auto buf = orig;
   auto x = posenc::make_bshd(buf.data(), 2, 3, 4, 16);
-  // An offset whose last token would pass index_t's maximum (first + s overflowed, and length = max + 1 too).
+  // An offset whose last token would pass index_t's maximum (first + s overflowed, and length =
+  // max + 1 too): rejected by the position range every span checks (position_limit = 2^60).
   REQUIRE_THROWS_WITH(r.rotate(x, position_span(big - 1)),
-                      contains("pos position of batch 0 token 0 is 9223372036854775806, expected <= 9007199254740989"));
+                      contains("pos offset is 9223372036854775806, expected |offset| <= 1152921504606846976"));
+  // Inside position_limit but past RoPE's own range (max_positions() = 2^53).
+  REQUIRE_THROWS_WITH(r.rotate(x, position_span(index_t(1) << 54)),
+                      contains("pos position of batch 0 token 0 is 18014398509481984, expected <= 9007199254740989"));
   std::vector<index_t> firsts = {0, big};
   REQUIRE_THROWS_WITH(r.rotate(x, position_span::per_batch(firsts), 10),
-                      contains("pos position of batch 1 token 0 is 9223372036854775807"));
+                      contains("pos offset of batch 1 is 9223372036854775807, expected |offset| <= 1152921504606846976"));
+  std::vector<index_t> firsts_past_rope = {0, index_t(1) << 54};
+  REQUIRE_THROWS_WITH(r.rotate(x, position_span::per_batch(firsts_past_rope), 10),
+                      contains("pos position of batch 1 token 0 is 18014398509481984"));
   std::vector<index_t> ids = {0, 1, 2, 3, big, 5};
   REQUIRE_THROWS_WITH(r.rotate(x, position_span::ids(ids.data(), 2, 3)),
-                      contains("pos position of batch 1 token 1 is 9223372036854775807, expected < 9007199254740992"));
+                      contains("pos position of batch 1 token 1 is 9223372036854775807, expected |position| <= 1152921504606846976"));
+  std::vector<index_t> ids_past_rope = {0, 1, 2, 3, index_t(1) << 54, 5};
+  REQUIRE_THROWS_WITH(r.rotate(x, position_span::ids(ids_past_rope.data(), 2, 3)),
+                      contains("pos position of batch 1 token 1 is 18014398509481984, expected < 9007199254740992"));
   REQUIRE_THROWS_WITH(r.rotate(x, position_span(0), big), contains("length is 9223372036854775807, expected 3 .. "));
   std::vector<float> c(4), s(4);
   REQUIRE_THROWS_WITH(r.cos_sin(big, big, c.data(), s.data()), contains("position is 9223372036854775807"));
