@@ -3,7 +3,8 @@
 # a bounded time from its checked-in seed corpus; any finding fails.
 #   bash scripts/fuzz.sh [seconds per harness, default 60; 0 = replay the seeds only] [harness names...]
 # New inputs go to build/fuzz/corpus/<name> (kept between runs), findings to build/fuzz/findings/.
-# POSENC_FUZZ_JOBS sets the build jobs (default: nproc).
+# POSENC_FUZZ_JOBS sets the build jobs (default: nproc). POSENC_FUZZ_SEED fixes libFuzzer's
+# seed (CI does: the same inputs in the same order every run, so a failure there reproduces).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds="${1:-60}"
@@ -32,6 +33,7 @@ for n in "${names[@]}"; do
     continue
   fi
   UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=halt_on_error=1:detect_leaks=1 \
-    "build/fuzz/tests/fuzz/posenc_fuzz_$n" -max_total_time="$seconds" -timeout=20 -rss_limit_mb=2048 \
+    "build/fuzz/tests/fuzz/posenc_fuzz_$n" ${POSENC_FUZZ_SEED:+-seed="$POSENC_FUZZ_SEED"} \
+    -max_total_time="$seconds" -timeout=20 -rss_limit_mb=2048 \
     -print_final_stats=1 -artifact_prefix="build/fuzz/findings/$n-" "$work" "tests/fuzz/corpus/$n"
 done

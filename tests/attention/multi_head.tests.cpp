@@ -193,3 +193,64 @@ TEST_CASE("multi_head_attention: decode over a cache that starts at a later posi
   CHECK(cache.next_position() == P + S);
   CHECK(posenc_test::max_abs_diff(full, steps) < 1e-12);
 }
+
+TEST_CASE("multi_head_attention: decode whose attention throws leaves the cache as it was", "[module][kv_cache]") {
+  index_t const B = 2, M = 16;
+  auto w = random_vector<double>(static_cast<std::size_t>(4 * M * M), 43, -0.3, 0.3);
+  auto x = random_vector<double>(static_cast<std::size_t>(B * 3 * M), 44);
+  posenc::multi_head_attention<posenc::rope<double>, double> m({M, 4, 2, 4, 4},
+                                                               posenc::rope<double>(posenc::rope_layout::half_split, 4));
+  m.load(w.data(), w.data() + M * M, w.data() + M * M + 8 * M, w.data() + 2 * M * M);
+  auto cache = m.make_cache(B, 5);
+  std::vector<double> y(x.size(), -7.0);
+  m.forward(posenc::make_bsd<const double>(x.data(), B, 2, M), posenc::make_bsd(y.data(), B, 2, M), cache);
+  REQUIRE(cache.length() == 2);
+  std::vector<double> keys, values;
+  for (index_t b = 0; b < B; ++b)
+    for (index_t s = 0; s < 2; ++s)
+      for (index_t h = 0; h < 2; ++h)
+        for (index_t d = 0; d < 4; ++d) {
+          keys.push_back(cache.keys()(b, s, h, d));
+          values.push_back(cache.values()(b, s, h, d));
+        }
+  posenc::attention_options<double> bad;
+  bad.softcap = -1;  // rejected by attention, after the new keys were appended
+  std::vector<double> y1(static_cast<std::size_t>(B * M), -7.0);
+  REQUIRE_THROWS_WITH(m.forward(posenc::make_bsd<const double>(x.data(), B, 1, M), posenc::make_bsd(y1.data(), B, 1, M),
+                                cache, bad),
+                      posenc_test::contains("softcap is -1"));
+  CHECK(cache.length() == 2);
+  CHECK(cache.next_position() == 7);
+  std::size_t n = 0;
+  for (index_t b = 0; b < B; ++b)
+    for (index_t s = 0; s < 2; ++s)
+      for (index_t h = 0; h < 2; ++h)
+        for (index_t d = 0; d < 4; ++d, ++n) {
+          CHECK(cache.keys()(b, s, h, d) == keys[n]);
+          CHECK(cache.values()(b, s, h, d) == values[n]);
+        }
+  for (double v : y1) CHECK(v == -7.0);
+  // The next good step continues from there.
+  m.forward(posenc::make_bsd<const double>(x.data(), B, 1, M), posenc::make_bsd(y1.data(), B, 1, M), cache);
+  CHECK(cache.length() == 3);
+}
+
+TEST_CASE("kv_cache::truncate keeps the first tokens and checks its argument", "[kv_cache]") {
+  posenc::kv_cache<float> cache(1, 1, 2, 2, 10);
+  std::vector<float> k{1, 2, 3, 4, 5, 6}, v{-1, -2, -3, -4, -5, -6};
+  cache.append(posenc::make_bshd<const float>(k.data(), 1, 3, 1, 2), posenc::make_bshd<const float>(v.data(), 1, 3, 1, 2),
+               posenc::none{});
+  REQUIRE_THROWS_WITH(cache.truncate(4), posenc_test::contains(
+                                             "posenc::kv_cache::truncate: tokens is 4, expected 0 <= tokens <= length() (3)"));
+  REQUIRE_THROWS_WITH(cache.truncate(-1), posenc_test::contains("tokens is -1"));
+  CHECK(cache.length() == 3);
+  cache.truncate(1);
+  CHECK(cache.length() == 1);
+  CHECK(cache.next_position() == 11);
+  CHECK(cache.keys()(0, 0, 0, 1) == 2);
+  cache.append(posenc::make_bshd<const float>(k.data() + 4, 1, 1, 1, 2),
+               posenc::make_bshd<const float>(v.data() + 4, 1, 1, 1, 2), posenc::none{});
+  CHECK(cache.length() == 2);
+  CHECK(cache.keys()(0, 1, 0, 0) == 5);
+  CHECK(cache.values()(0, 1, 0, 1) == -6);
+}

@@ -233,6 +233,24 @@ TEST_CASE("sizes that overflow index_t are rejected before any allocation", "[er
   }
 }
 
+TEST_CASE("kv_cache grows geometrically only while the doubled storage fits index_t", "[errors]") {
+  using posenc::detail::kv_grown_capacity;
+  index_t const max_index = std::numeric_limits<index_t>::max();
+  // Ordinary growth: double, or exactly what is asked when that is more.
+  CHECK(kv_grown_capacity(16, 17, 2, 4, 8) == 32);
+  CHECK(kv_grown_capacity(16, 40, 2, 4, 8) == 40);
+  CHECK(kv_grown_capacity(0, 1, 2, 4, 8) == 1);
+  // 2 x cap itself overflows: exactly `tokens`.
+  CHECK(kv_grown_capacity(max_index / 2 + 1, max_index / 2 + 2, 1, 1, 1) == max_index / 2 + 2);
+  // 2 x cap fits, its storage does not (in each factor of batch x capacity x heads x dim).
+  index_t const cap = index_t(1) << 59;
+  CHECK(kv_grown_capacity(cap, cap + 1, 1, 1, 1) == 2 * cap);
+  CHECK(kv_grown_capacity(cap, cap + 1, 8, 1, 1) == cap + 1);
+  CHECK(kv_grown_capacity(cap, cap + 1, 1, 8, 1) == cap + 1);
+  CHECK(kv_grown_capacity(cap, cap + 1, 1, 1, 8) == cap + 1);
+  CHECK(kv_grown_capacity(cap, cap + 1, 2, 2, 1) == 2 * cap);
+}
+
 TEST_CASE("positions outside position_limit are rejected before any arithmetic on them", "[errors]") {
   SECTION("attention query positions: an offset near INT64_MAX no longer wraps and zeroes causal rows") {
     expect_attention_error(

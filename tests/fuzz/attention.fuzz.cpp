@@ -10,6 +10,7 @@
 #include <posenc/encoding/shaw.hpp>
 #include <posenc/encoding/t5_bias.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -181,14 +182,15 @@ constexpr float sentinel = 1234.5f;
 
 /// Runs one path; false when it threw posenc::error, which must leave out and lse untouched.
 template <class Path, class E>
-bool run(config const& c, E const& enc, outputs& r, bool clean = false, float* scores = nullptr) {
+bool run(config const& c, E const& enc, outputs& r, bool clean = false, float* scores = nullptr,
+         posenc::score_stage stage = posenc::score_stage::biased) {
   r.out.assign(static_cast<std::size_t>(c.B * c.Sq * c.Hq * c.Dv), sentinel);
   r.lse.assign(static_cast<std::size_t>(c.B * c.Hq * c.Sq), sentinel);
   posenc::attention_options<float> o = c.opt;
   if (c.want_lse) o.lse = r.lse.data();
   if (scores) {
     o.scores = scores;
-    o.scores_stage = posenc::score_stage::biased;
+    o.scores_stage = stage;
   }
   try {
     posenc::attention<Path>(clean ? c.qcv : c.q, clean ? c.kcv : c.k, clean ? c.vcv : c.v,
@@ -203,17 +205,23 @@ bool run(config const& c, E const& enc, outputs& r, bool clean = false, float* s
   return true;
 }
 
+/// What a row must give: the tolerance rule (it sees only finite inputs), the reference's
+/// non-finite pattern (it sees NaN or Inf), or either (see `check`).
+enum class row_rule : char { finite, non_finite, either };
+
 /// Compares `got` against the reference over the selected rows: the tolerance rule on rows
-/// that see only finite inputs (which must be finite), the same non-finite pattern elsewhere.
-/// Returns the first failing row, or -1.
+/// that see only finite inputs (which must be finite), the same non-finite pattern on rows
+/// that see NaN or Inf, nothing on rows whose rule is `either`. Returns the first failing
+/// row, or -1.
 long compare(std::vector<float> const& got, std::vector<float> const& ref, std::vector<float> const& plain,
-             std::vector<char> const& row_bad, std::size_t width) {
+             std::vector<row_rule> const& rule, std::size_t width, double floor) {
   std::vector<float> g, e, p;
   std::vector<std::size_t> rows;
-  for (std::size_t row = 0; row < row_bad.size(); ++row)
+  for (std::size_t row = 0; row < rule.size(); ++row)
     for (std::size_t d = 0; d < width; ++d) {
       std::size_t const i = row * width + d;
-      if (row_bad[row]) {
+      if (rule[row] == row_rule::either) continue;
+      if (rule[row] == row_rule::non_finite) {
         if (std::isfinite(got[i]) != std::isfinite(ref[i])) return static_cast<long>(row);
       } else {
         g.push_back(got[i]);
@@ -222,7 +230,7 @@ long compare(std::vector<float> const& got, std::vector<float> const& ref, std::
         rows.push_back(row);
       }
     }
-  auto const r = posenc_test::within_tolerance(g, e, p);
+  auto const r = posenc_test::within_tolerance(g, e, p, 1e-6, floor);
   if (r.ok) return -1;
   std::fprintf(stderr, "%s\n", r.describe().c_str());
   for (std::size_t i = 0; i < g.size(); ++i)
@@ -237,8 +245,8 @@ void explain(config const& c, std::vector<float> const& scores, index_t b, index
   std::fprintf(stderr, "row b %ld i %ld h %ld, query finite %d\n", static_cast<long>(b), static_cast<long>(i),
                static_cast<long>(h), c.row_finite(c.q, b, i, h) ? 1 : 0);
   index_t const group = c.Hq / c.Hkv;
-  if (scores.empty()) std::fprintf(stderr, "  every input is finite\n");
-  for (index_t j = 0; j < c.Sk && !scores.empty(); ++j) {
+  if (c.finite_inputs) std::fprintf(stderr, "  every input is finite\n");
+  for (index_t j = 0; j < c.Sk && !c.finite_inputs; ++j) {
     float const s = scores[static_cast<std::size_t>(((b * c.Hq + h) * c.Sq + i) * c.Sk + j)];
     if (std::isfinite(s))
       std::fprintf(stderr, "  visible key %ld: biased score of the finite copy %g, k finite %d, v finite %d\n",
@@ -268,27 +276,54 @@ void check(config const& c, E const& enc) {
   if (!r) return;
 
   // Which keys each query row sees: the biased scores of the finite copy are -inf exactly there.
-  std::vector<char> out_bad(static_cast<std::size_t>(c.B * c.Sq * c.Hq)),
-      lse_bad(static_cast<std::size_t>(c.B * c.Hq * c.Sq));
-  std::vector<float> scores;
+  // A row that sees a non-finite q or k, or a non-finite v at a key of probability >= the
+  // smallest normal float, must be non-finite where the reference is. A key of probability 0
+  // adds nothing on any path (docs/attention.md), but whether a tiny probability is 0 depends
+  // on the precision (double in the reference, float elsewhere) and on how exp treats
+  // subnormal results: a row whose only non-finite input is a v at keys below that limit may
+  // be finite or not.
+  std::vector<row_rule> out_rule(static_cast<std::size_t>(c.B * c.Sq * c.Hq), row_rule::finite),
+      lse_rule(static_cast<std::size_t>(c.B * c.Hq * c.Sq), row_rule::finite);
+  std::vector<float> scores(static_cast<std::size_t>(c.B * c.Hq * c.Sq * c.Sk) + 1), probs;
+  outputs tmp;
+  if (!run<posenc::path::reference>(c, enc, tmp, true, scores.data()))
+    finding("the reference rejects the finite copy of valid inputs");
+  // The error floor of the tolerance rule: every float path rounds each logit
+  // s at least once (relative eps = 2^-24). To first order that moves a
+  // log-sum-exp by up to eps max |s| (the bound allows two roundings) and an
+  // output, sum_j p_j (v_j - out) ds_j, by up to eps max |s| 2 max |v|.
+  double max_logit = 0, max_value = 0;
+  for (float s : scores)
+    if (std::isfinite(s)) max_logit = std::max(max_logit, std::abs(static_cast<double>(s)));
+  for (float x : c.vc) max_value = std::max(max_value, std::abs(static_cast<double>(x)));
+  double const eps = std::numeric_limits<float>::epsilon() / 2;
+  double const lse_floor = 2 * eps * max_logit, out_floor = lse_floor * max_value;
   if (!c.finite_inputs) {
-    scores.resize(static_cast<std::size_t>(c.B * c.Hq * c.Sq * c.Sk) + 1);
-    outputs tmp;
-    if (!run<posenc::path::reference>(c, enc, tmp, true, scores.data()))
+    probs.resize(scores.size());
+    if (!run<posenc::path::reference>(c, enc, tmp, true, probs.data(), posenc::score_stage::probabilities))
       finding("the reference rejects the finite copy of valid inputs");
     index_t const group = c.Hq / c.Hkv;
     for (index_t b = 0; b < c.B; ++b)
       for (index_t h = 0; h < c.Hq; ++h)
         for (index_t i = 0; i < c.Sq; ++i) {
-          bool sees = false, bad = false;
+          bool sees = false, bad_qk = false, bad_v = false, tiny_bad_v = false;
           for (index_t j = 0; j < c.Sk; ++j) {
-            if (!std::isfinite(scores[static_cast<std::size_t>(((b * c.Hq + h) * c.Sq + i) * c.Sk + j)])) continue;
+            auto const at = static_cast<std::size_t>(((b * c.Hq + h) * c.Sq + i) * c.Sk + j);
+            if (!std::isfinite(scores[at])) continue;
             sees = true;
-            bad = bad || !c.row_finite(c.k, b, j, h / group) || !c.row_finite(c.v, b, j, h / group);
+            bad_qk = bad_qk || !c.row_finite(c.k, b, j, h / group);
+            if (!c.row_finite(c.v, b, j, h / group)) {
+              bool const tiny = probs[at] < std::numeric_limits<float>::min();
+              bad_v = bad_v || !tiny;
+              tiny_bad_v = tiny_bad_v || tiny;
+            }
           }
-          bad = bad || (sees && !c.row_finite(c.q, b, i, h));
-          out_bad[static_cast<std::size_t>((b * c.Sq + i) * c.Hq + h)] = bad;
-          lse_bad[static_cast<std::size_t>((b * c.Hq + h) * c.Sq + i)] = bad;
+          bad_qk = bad_qk || (sees && !c.row_finite(c.q, b, i, h));
+          out_rule[static_cast<std::size_t>((b * c.Sq + i) * c.Hq + h)] =
+              bad_qk || bad_v ? row_rule::non_finite : tiny_bad_v ? row_rule::either : row_rule::finite;
+          // The log-sum-exp does not read v.
+          lse_rule[static_cast<std::size_t>((b * c.Hq + h) * c.Sq + i)] =
+              bad_qk ? row_rule::non_finite : row_rule::finite;
         }
   }
   auto const w = static_cast<std::size_t>(c.Dv);
@@ -304,8 +339,8 @@ void check(config const& c, E const& enc) {
   for (auto const& cmp : all) {
     if (cmp.is_lse && !c.want_lse) continue;
     auto const& base = cmp.is_lse ? ref.lse : ref.out;
-    long const row = compare(*cmp.got, base, cmp.is_lse ? plain.lse : plain.out, cmp.is_lse ? lse_bad : out_bad,
-                             cmp.is_lse ? 1 : w);
+    long const row = compare(*cmp.got, base, cmp.is_lse ? plain.lse : plain.out, cmp.is_lse ? lse_rule : out_rule,
+                             cmp.is_lse ? 1 : w, cmp.is_lse ? lse_floor : out_floor);
     if (row < 0) continue;
     c.describe();
     index_t b, i, h;

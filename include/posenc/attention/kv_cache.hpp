@@ -14,6 +14,21 @@
 
 namespace posenc {
 
+namespace detail {
+/// The capacity a cache holding `cap` tokens grows to for `tokens` > cap:
+/// twice `cap` when that is more than `tokens` and its storage (batch x
+/// capacity x heads x dim) fits index_t, else exactly `tokens` (whose storage
+/// the caller has checked).
+inline index_t kv_grown_capacity(index_t cap, index_t tokens, index_t batch, index_t heads, index_t dim) noexcept {
+  index_t const doubled = cap <= std::numeric_limits<index_t>::max() / 2 ? 2 * cap : tokens;
+  if (doubled <= tokens) return tokens;
+  index_t n = 0;
+  if (!overflow_free<'*'>(batch, doubled, n) || !overflow_free<'*'>(n, heads, n) || !overflow_free<'*'>(n, dim, n))
+    return tokens;
+  return doubled;
+}
+}  // namespace detail
+
 /// Keys and values of the tokens seen so far, for a batch of sequences that
 /// advance together. Token s of the cache sits at position `first_position() + s`.
 /// When the encoder rotates queries and keys, append() stores the keys rotated
@@ -124,6 +139,14 @@ class kv_cache {
   index_t value_dim() const noexcept { return vdim_; }
   /// Forgets every token (keeps the storage).
   void clear() noexcept { len_ = 0; }
+  /// Keeps the first `tokens` tokens and forgets the rest (storage kept), e.g.
+  /// to drop rejected draft tokens. Throws posenc::error unless
+  /// 0 <= tokens <= length().
+  void truncate(index_t tokens) {
+    detail::require(tokens >= 0 && tokens <= len_, "posenc::kv_cache::truncate", "tokens is ", tokens,
+                    ", expected 0 <= tokens <= length() (", len_, ")");
+    len_ = tokens;
+  }
 
   /// Makes room for `tokens` tokens without reallocating on append. Throws
   /// posenc::error (cache unchanged) when tokens < 0 or the storage size
@@ -148,13 +171,7 @@ class kv_cache {
   index_t grown_capacity(char const* w, index_t tokens) const {
     if (tokens <= cap_) return cap_;
     token_elements(w, "capacity", tokens);
-    index_t const doubled = cap_ <= std::numeric_limits<index_t>::max() / 2 ? 2 * cap_ : tokens;
-    if (doubled <= tokens) return tokens;
-    index_t n = 0;  // the doubled capacity when its size fits, else exactly `tokens`
-    if (!detail::overflow_free<'*'>(batch_, doubled, n) || !detail::overflow_free<'*'>(n, heads_, n) ||
-        !detail::overflow_free<'*'>(n, std::max(dim_, vdim_), n))
-      return tokens;
-    return doubled;
+    return detail::kv_grown_capacity(cap_, tokens, batch_, heads_, std::max(dim_, vdim_));
   }
   // Grows the storage to at least `tokens` (sizes checked first); the old
   // storage is replaced only after the new one is filled.

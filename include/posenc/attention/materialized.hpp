@@ -105,7 +105,18 @@ void materialized_attention(attention_plan<T> const& p, view<const T> q, view<co
       apply_masks(p, b, h, i, 0, Sk, s);
       capture(i, s, score_stage::biased);
       T m = ninf;
-      for (index_t j = 0; j < Sk; ++j) m = s[j] > m ? s[j] : m;
+      bool nan_score = false;
+      for (index_t j = 0; j < Sk; ++j) {
+        nan_score = nan_score || std::isnan(s[j]);
+        m = s[j] > m ? s[j] : m;
+      }
+      if (nan_score) {  // a visible score is NaN: the whole row is NaN (docs/formulas.md 5.4)
+        T const nan = std::numeric_limits<T>::quiet_NaN();
+        for (index_t j = 0; j < Sk; ++j) s[j] = nan;  // P V gives the NaN row
+        p.set_lse(b, h, i, nan);
+        capture(i, s, score_stage::probabilities);
+        continue;
+      }
       if (m == ninf) {  // no visible key: zeros, lse = -inf (docs/formulas.md 5.4)
         for (index_t j = 0; j < Sk; ++j) s[j] = T(0);
         p.set_lse(b, h, i, ninf);

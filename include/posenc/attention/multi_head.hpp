@@ -201,13 +201,25 @@ class multi_head_attention {
     index_t const B = x.batch, S = x.seq;
     matrix X = pack(x);
     matrix Q = project(X, 0), K = project(X, 1), V = project(X, 2);
+    index_t const before = cache.length();
     cache.append(make_bshd<const T>(K.data(), B, S, cfg_.kv_heads, cfg_.head_dim),
                  make_bshd<const T>(V.data(), B, S, cfg_.kv_heads, cfg_.value_dim), enc_);
+    // Should attention reject its options, the cache drops the new tokens
+    // again: a call that throws leaves the cache as it was.
+    struct undo_append {
+      kv_cache<T>& cache;
+      index_t length;
+      bool done = false;
+      ~undo_append() {
+        if (!done) cache.truncate(length);
+      }
+    } undo{cache, before};
     matrix O(B * S, cfg_.q_heads * cfg_.value_dim);
     // The new tokens were appended last: the default query positions are
     // cache.next_position() - S + s, the positions their keys got.
     posenc::attention<Path, T>(make_bshd<const T>(Q.data(), B, S, cfg_.q_heads, cfg_.head_dim), cache,
                                make_bshd<T>(O.data(), B, S, cfg_.q_heads, cfg_.value_dim), enc_, opt);
+    undo.done = true;
     write_out(O, y);
   }
 

@@ -64,8 +64,20 @@ void reference_attention(attention_plan<T> const& p, view<const T> q, view<const
       capture(i, score_stage::biased);
 
       Acc m = ninf;
-      for (index_t j = 0; j < Sk; ++j) m = s[j] > m ? s[j] : m;
+      bool nan_score = false;
+      for (index_t j = 0; j < Sk; ++j) {
+        nan_score = nan_score || std::isnan(s[j]);
+        m = s[j] > m ? s[j] : m;
+      }
       T* oi = out.ptr(b, i, h);
+      if (nan_score) {  // a visible score is NaN: the whole row is NaN (docs/formulas.md 5.4)
+        T const nan = std::numeric_limits<T>::quiet_NaN();
+        for (index_t d = 0; d < Dv; ++d) oi[d] = nan;
+        p.set_lse(b, h, i, nan);
+        for (index_t j = 0; j < Sk; ++j) s[j] = std::numeric_limits<Acc>::quiet_NaN();
+        capture(i, score_stage::probabilities);
+        continue;
+      }
       if (m == ninf) {  // no visible key: zeros, lse = -inf (docs/formulas.md 5.4)
         for (index_t d = 0; d < Dv; ++d) oi[d] = T(0);
         p.set_lse(b, h, i, -std::numeric_limits<T>::infinity());

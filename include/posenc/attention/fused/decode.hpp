@@ -33,11 +33,12 @@ namespace posenc::detail::fused {
 /// as one front moving through memory; every group of a head reuses the
 /// head's tile from cache. The hardware prefetchers follow this front:
 /// software prefetch of the next tile made it slower. `states(hk, grp)` gives
-/// the state of a row group; rr holds kv_heads * groups entries.
+/// the state of a row group; rr holds kv_heads * groups entries. `guard` as
+/// in row_tile.
 template <class Tr, class T, class E, class StateOf>
 void decode_item(attention_plan<T> const& p, view<const T> q, view<const T> k, view<const T> v, E const& enc,
                  index_t b, index_t j0, index_t j1, rotation_ids const* rot, row_scratch<Tr> const& sc,
-                 row_rows<Tr>* rr, StateOf const& states) noexcept {
+                 row_rows<Tr>* rr, StateOf const& states, bool guard) noexcept {
   constexpr index_t rg_v = Tr::row_group_v, bk_v = Tr::block_kv_v;
   index_t const kv_heads = p.kv_heads, rows = p.q_len * p.group, groups = (rows + rg_v - 1) / rg_v;
   index_t first = j1, last = j0;
@@ -55,7 +56,8 @@ void decode_item(attention_plan<T> const& p, view<const T> q, view<const T> k, v
     for (index_t u = 0; u < kv_heads * groups; ++u) {
       // This group's own visible union, clipped to the tile.
       index_t const a = std::max(t0, rr[u].first), e = std::min(t0 + nk, rr[u].last);
-      if (a < e) row_tile<Tr>(p, k, v, enc, b, u / groups, rr[u], a, e - a, rot, sc, states(u / groups, u % groups));
+      if (a < e)
+        row_tile<Tr>(p, k, v, enc, b, u / groups, rr[u], a, e - a, rot, sc, states(u / groups, u % groups), guard);
     }
   }
 }
@@ -84,7 +86,12 @@ key_split split_keys(index_t keys, index_t work, int threads) noexcept {
 template <class T>
 std::pair<T, T> merge_partials(T const* m, T const* l, T* o, index_t n, index_t stride, index_t value_dim) noexcept {
   T mx = -std::numeric_limits<T>::infinity();
-  for (index_t c = 0; c < n; ++c) mx = std::max(mx, m[c * stride]);
+  bool nan = false;  // a chunk saw a NaN score: the merged row is NaN
+  for (index_t c = 0; c < n; ++c) {
+    mx = std::max(mx, m[c * stride]);
+    nan = nan || std::isnan(m[c * stride]) || std::isnan(l[c * stride]);
+  }
+  if (nan) return {std::numeric_limits<T>::quiet_NaN(), std::numeric_limits<T>::quiet_NaN()};
   if (mx == -std::numeric_limits<T>::infinity()) return {mx, T(0)};
   T const w0 = std::exp(m[0] - mx);
   for (index_t d = 0; d < value_dim; ++d) o[d] *= w0;
@@ -144,7 +151,14 @@ void run_row_kernel(attention_plan<T> const& p, view<const T> q, view<const T> k
         index_t const slot = (((b * kv_heads + hk) * groups + grp) * chunks + ch) * rg_v;
         return row_state<T>{ms + slot, ls + slot, os + slot * value_dim};
       };
-      decode_item<Tr>(p, q, k, v, enc, b, j0, j1, rot, sc, rrs.data() + tid * kv_heads * groups, state_of);
+      row_rows<Tr>* const rr = rrs.data() + tid * kv_heads * groups;
+      guarded_rerun([&](bool guard) { decode_item<Tr>(p, q, k, v, enc, b, j0, j1, rot, sc, rr, state_of, guard); },
+                    [&] {
+                      bool finite = true;
+                      for (index_t u2 = 0; u2 < kv_heads * groups && finite; ++u2)
+                        finite = row_outputs_finite(state_of(u2 / groups, u2 % groups), rr[u2].n, value_dim);
+                      return finite;
+                    });
     } else {
       index_t const bh = u / groups, grp = u % groups;
       index_t const b = bh / kv_heads, hk = bh % kv_heads;

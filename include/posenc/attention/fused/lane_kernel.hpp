@@ -266,8 +266,8 @@ struct lane_logits {
 
 /// Tile values: ot = alpha * ot + V^T p for the lanes that hold rows (p: the
 /// tile's probabilities in st, alpha: the rescale factors of the softmax update).
-/// `guarded`: keys add nothing where their probability is 0 (a tile some
-/// lane cannot fully see, whose V holds NaN or Inf).
+/// `guarded`: keys add nothing where their probability is 0 (a tile whose V
+/// holds NaN or Inf).
 template <class Tr>
 POSENC_ALWAYS_INLINE void lane_tile_values(typename Tr::value_type const* vt, index_t ldv, index_t keys, index_t value_dim,
                       typename Tr::value_type const* st, index_t nvec, typename Tr::value_type const* alpha,
@@ -305,16 +305,16 @@ void lane_finish_blocks(lane_item_context<Tr, E> const& c, lane_scratch<Tr> cons
   }
 }
 
-/// One work item of the lane kernel: (b, kv head hk), query blocks
-/// [blk0, blk1), every key tile any of their rows sees.
+/// Every tile of blocks [0, nb) of an item: scores, terms, softmax update,
+/// values. `guard`: in tiles whose V is not all finite, keys of probability 0
+/// add nothing (0 * NaN would be NaN).
 template <class Tr, class E>
-void lane_item(lane_item_context<Tr, E> const& c, lane_scratch<Tr> const& sc, index_t blk0, index_t blk1) noexcept {
+void lane_item_tiles(lane_item_context<Tr, E> const& c, lane_scratch<Tr> const& sc, block_keys<Tr> const* keys,
+                     index_t nb, key_range span, bool guard) noexcept {
   using T = typename Tr::value_type;
   constexpr index_t bq_v = Tr::block_q_v, bk_v = Tr::block_kv_v;
   attention_plan<T> const& p = c.p;
-  index_t const nb = blk1 - blk0, head_dim = p.head_dim;
-  block_keys<Tr> keys[Tr::blocks_per_item_v];
-  key_range const span = lane_begin_blocks(c, sc, keys, blk0, nb);
+  index_t const head_dim = p.head_dim;
   lane_logits<Tr> logit{static_cast<T>(p.scale), static_cast<T>(p.softcap),
                         p.softcap > 0 ? T(1) / static_cast<T>(p.softcap) : T(0), {}, 0, sc.bt, sc.diag, sc.rlo, sc.rhi};
   index_t const t_begin = span.first >= span.last ? 0 : span.first / bk_v * bk_v;
@@ -325,7 +325,7 @@ void lane_item(lane_item_context<Tr, E> const& c, lane_scratch<Tr> const& sc, in
     T const* vt = c.v.ptr(c.b, t0, c.hk);
     // The tile's keys at consecutive positions (once per tile, for every block).
     bool const diagonal_ready = c.diagonal_bias && keys_consecutive(p, c.b, t0, nk);
-    int v_finite = -1;  // V of the tile all finite: tested once, when a block cannot see all of it
+    int v_finite = -1;  // V of the tile all finite: tested once, for every block that uses the tile
     for (index_t t = 0; t < nb; ++t) {
       tile_plan const tp = plan_tile(keys[t], t0, nk, c.per_key_terms, diagonal_ready);
       if (tp.kind == tile_kind::skipped) continue;
@@ -341,13 +341,40 @@ void lane_item(lane_item_context<Tr, E> const& c, lane_scratch<Tr> const& sc, in
       logit.tp = tp;
       logit.nk = nk;
       lane_softmax_update<Tr>(sc.st, bq_v, tp.keys, nvec, bb.m, bb.l, bb.alpha, logit);
-      bool guarded = false;
-      if (tp.kind != tile_kind::full && tp.kind != tile_kind::diagonal) {
-        if (v_finite < 0) v_finite = rows_finite<Tr>(vt, c.v.seq_stride, nk, p.value_dim) ? 1 : 0;
-        guarded = v_finite == 0;
-      }
-      lane_tile_values<Tr>(vt, c.v.seq_stride, tp.keys, p.value_dim, sc.st, nvec, bb.alpha, bb.ot, guarded);
+      if (guard && v_finite < 0) v_finite = rows_finite<Tr>(vt, c.v.seq_stride, nk, p.value_dim) ? 1 : 0;
+      lane_tile_values<Tr>(vt, c.v.seq_stride, tp.keys, p.value_dim, sc.st, nvec, bb.alpha, bb.ot, v_finite == 0);
     }
+  }
+}
+
+/// The unnormalised outputs of the rows of blocks [0, nb) are all finite.
+template <class Tr>
+bool lane_outputs_finite(lane_scratch<Tr> const& sc, block_keys<Tr> const* keys, index_t nb,
+                         index_t value_dim) noexcept {
+  constexpr index_t bq_v = Tr::block_q_v;
+  bool finite = true;
+  for (index_t t = 0; t < nb; ++t)
+    for (index_t d = 0; d < value_dim; ++d)
+      for (index_t l = 0; l < keys[t].rows; ++l) finite = finite && std::isfinite(sc.blocks[t].ot[d * bq_v + l]);
+  return finite;
+}
+
+/// One work item of the lane kernel: (b, kv head hk), query blocks
+/// [blk0, blk1), every key tile any of their rows sees. A key of probability
+/// 0 adds nothing, even with NaN or Inf in its v (a key the row cannot see,
+/// or whose logit is -inf or underflows). The tiles run unguarded first: a
+/// finite result is then exact. Otherwise (rare: V holds NaN or Inf) the item
+/// runs again with the guard, which gives the same values where the first
+/// run was finite.
+template <class Tr, class E>
+void lane_item(lane_item_context<Tr, E> const& c, lane_scratch<Tr> const& sc, index_t blk0, index_t blk1) noexcept {
+  index_t const nb = blk1 - blk0;
+  block_keys<Tr> keys[Tr::blocks_per_item_v];
+  key_range span = lane_begin_blocks(c, sc, keys, blk0, nb);
+  lane_item_tiles(c, sc, keys, nb, span, false);
+  if (!lane_outputs_finite(sc, keys, nb, c.p.value_dim)) {
+    span = lane_begin_blocks(c, sc, keys, blk0, nb);
+    lane_item_tiles(c, sc, keys, nb, span, true);
   }
   lane_finish_blocks(c, sc, keys, nb);
 }

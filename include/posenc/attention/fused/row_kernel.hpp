@@ -131,10 +131,12 @@ void row_logits(attention_plan<T> const& p, E const& enc, index_t b, row_rows<Tr
 
 /// Key tile [t0, t0 + nk) for the rows of rr: scores, logits, online softmax
 /// update, values. Leaves (max, sum, unnormalised output) per row in `st`.
+/// `guard`: when the tile's V is not all finite, keys of probability 0 add
+/// nothing (0 * NaN would be NaN); see `guarded_rerun`.
 template <class Tr, class T, class E>
 void row_tile(attention_plan<T> const& p, view<const T> k, view<const T> v, E const& enc, index_t b, index_t hk,
               row_rows<Tr> const& rr, index_t t0, index_t nk, rotation_ids const* rot, row_scratch<Tr> const& sc,
-              row_state<T> st) noexcept {
+              row_state<T> st, bool guard) noexcept {
   index_t const head_dim = p.head_dim, value_dim = p.value_dim;
   T const* kt = k.ptr(b, t0, hk);
   index_t ldk = k.seq_stride;
@@ -144,12 +146,7 @@ void row_tile(attention_plan<T> const& p, view<const T> k, view<const T> v, E co
     ldk = head_dim;
   }
   T const* vt = v.ptr(b, t0, hk);
-  // A row that cannot see every key of the tile must get nothing from the
-  // others' values, even NaN or Inf ones: then keys with p = 0 are skipped.
-  bool seen_by_all = !p.has_masks();
-  for (index_t g = 0; g < rr.n && seen_by_all; ++g)
-    seen_by_all = rr.kr[g].all && rr.kr[g].first <= t0 && rr.kr[g].last >= t0 + nk;
-  bool const guarded = !seen_by_all && !rows_finite<Tr>(vt, v.seq_stride, nk, value_dim);
+  bool const guarded = guard && !rows_finite<Tr>(vt, v.seq_stride, nk, value_dim);
   // Scores of every row, each row's softmax update, then the values of every
   // row (each K and V row loaded once for all rows).
   auto rows = [&](index_t, auto n) {
@@ -170,12 +167,31 @@ void row_tile(attention_plan<T> const& p, view<const T> k, view<const T> v, E co
     for (index_t g = 0; g < rr.n; ++g) encoder_values(p, enc, sc.s[g], b, rr.i[g], t0, nk, st.o + g * value_dim);
 }
 
-/// Row kernel over rows [r0, r0 + ng) of (b, hk) and keys [j0, j1): leaves
-/// (max, sum, unnormalised output) per row in `st`.
+/// The unnormalised outputs of `ng` rows of a state are all finite.
+template <class T>
+bool row_outputs_finite(row_state<T> st, index_t ng, index_t value_dim) noexcept {
+  bool finite = true;
+  for (index_t n = 0; n < ng * value_dim; ++n) finite = finite && std::isfinite(st.o[n]);
+  return finite;
+}
+
+/// A key of probability 0 (one the row cannot see, or whose logit is -inf or
+/// underflows) adds nothing, even with NaN or Inf in its v. An item runs its
+/// tiles unguarded first (`run(false)`): a finite result is then exact.
+/// Otherwise (rare: V holds NaN or Inf) it runs again with the guard
+/// (`run(true)`), which gives the same values where the first run was finite.
+template <class Run, class Finite>
+void guarded_rerun(Run const& run, Finite const& finite) noexcept {
+  run(false);
+  if (!finite()) run(true);
+}
+
+/// Every key tile of rows [r0, r0 + ng) of (b, hk) over keys [j0, j1);
+/// `guard` as in row_tile.
 template <class Tr, class T, class E>
-void row_item(attention_plan<T> const& p, view<const T> q, view<const T> k, view<const T> v, E const& enc,
-              index_t b, index_t hk, index_t r0, index_t ng, index_t j0, index_t j1, rotation_ids const* rot,
-              row_scratch<Tr> const& sc, row_state<T> st) noexcept {
+void row_item_tiles(attention_plan<T> const& p, view<const T> q, view<const T> k, view<const T> v, E const& enc,
+                    index_t b, index_t hk, index_t r0, index_t ng, index_t j0, index_t j1, rotation_ids const* rot,
+                    row_scratch<Tr> const& sc, row_state<T> st, bool guard) noexcept {
   constexpr index_t bk_v = Tr::block_kv_v;
   row_rows<Tr> rr;
   row_begin<Tr>(p, q, enc, b, hk, r0, ng, j0, j1, rot, sc.qbuf, rr, st);
@@ -188,8 +204,18 @@ void row_item(attention_plan<T> const& p, view<const T> q, view<const T> k, view
       prefetch_rows(k.ptr(b, t0 + bk_v, hk), k.seq_stride, nn, p.head_dim);
       prefetch_rows(v.ptr(b, t0 + bk_v, hk), v.seq_stride, nn, p.value_dim);
     }
-    row_tile<Tr>(p, k, v, enc, b, hk, rr, t0, nk, rot, sc, st);
+    row_tile<Tr>(p, k, v, enc, b, hk, rr, t0, nk, rot, sc, st, guard);
   }
+}
+
+/// Row kernel over rows [r0, r0 + ng) of (b, hk) and keys [j0, j1): leaves
+/// (max, sum, unnormalised output) per row in `st`.
+template <class Tr, class T, class E>
+void row_item(attention_plan<T> const& p, view<const T> q, view<const T> k, view<const T> v, E const& enc,
+              index_t b, index_t hk, index_t r0, index_t ng, index_t j0, index_t j1, rotation_ids const* rot,
+              row_scratch<Tr> const& sc, row_state<T> st) noexcept {
+  guarded_rerun([&](bool guard) { row_item_tiles<Tr>(p, q, k, v, enc, b, hk, r0, ng, j0, j1, rot, sc, st, guard); },
+                [&] { return row_outputs_finite(st, ng, p.value_dim); });
 }
 
 }  // namespace posenc::detail::fused
