@@ -56,9 +56,22 @@ namespace posenc {
 /// - `index_t distance_limit() const`: posenc::attention checks that no
 ///   visible query-key pair is further apart than that;
 /// - `index_t memory_length() const`: M > 0 cuts the keys before the last
-///   q.seq + M (a segment memory longer than M keys) before attention.
+///   q.seq + M (a segment memory longer than M keys) before attention;
+/// - `distance_columns<T> columns(index_t head) const noexcept`: its
+///   per-head table transposed, by distance (below); the fused path then
+///   computes the term of a whole tile as one register-tiled product.
 template <class E>
 struct encoder_traits;
+
+/// A per-head relative-key table by distance d = p_i - p_j, transposed:
+/// the term of (q, d) is bias[zero + d] + sum_t q[t] * keys[t * stride + zero + d],
+/// for zero + d in [0, count).
+template <class T>
+struct distance_columns {
+  T const* keys = nullptr;  // (head_dim, stride)
+  T const* bias = nullptr;  // (count)
+  index_t stride = 0, zero = 0, count = 0;
+};
 
 namespace detail {
 
@@ -117,6 +130,13 @@ struct has_content_bias<E, T,
                         std::enable_if_t<std::is_convertible_v<
                             decltype(std::declval<E const&>().content_bias(index_t{})), T const*>>>
     : std::true_type {};
+
+template <class E, class T, class = void>
+struct has_distance_columns : std::false_type {};
+template <class E, class T>
+struct has_distance_columns<E, T,
+                            std::enable_if_t<std::is_same_v<decltype(std::declval<E const&>().columns(index_t{})),
+                                                            distance_columns<T>>>> : std::true_type {};
 
 template <class E, class = void>
 struct has_distance_limit : std::false_type {};

@@ -113,6 +113,13 @@ class transformer_xl {
   /// query of head h before the kernel's q . k and the position term.
   T const* content_bias(index_t head) const noexcept { return u_.data() + head * head_dim_; }
 
+  /// Hook (optional, encoding/traits.hpp): R_h and (v_h - u_h) . R_h by
+  /// distance, transposed, for the fused path's tile products.
+  distance_columns<T> columns(index_t head) const noexcept {
+    index_t const n = dists();
+    return {rt_.data() + head * head_dim_ * n, c_.data() + head * n, n, limit_, n};
+  }
+
   /// Hook: out[j] += scale * (q . R_h(d) + (v_h - u_h) . R_h(d)), d = q_pos -
   /// (k_pos_first + j), j in [0, count), where q is the query shifted by u_h
   /// (head_dim values). Keys at |d| > distance_limit() get nothing (the
@@ -182,6 +189,7 @@ class transformer_xl {
     }
     dmat const rel = pe * w_r.template cast<double>().transpose();  // (distances, heads x head_dim)
     r_.assign(static_cast<std::size_t>(heads_ * n * head_dim_), T(0));
+    rt_.assign(r_.size(), T(0));
     c_.assign(static_cast<std::size_t>(heads_ * n), T(0));
     for (index_t h = 0; h < heads_; ++h)
       for (index_t r = 0; r < n; ++r) {
@@ -189,6 +197,7 @@ class transformer_xl {
         for (index_t t = 0; t < head_dim_; ++t) {
           double const x = rel(r, h * head_dim_ + t);
           r_[static_cast<std::size_t>((h * n + r) * head_dim_ + t)] = static_cast<T>(x);
+          rt_[static_cast<std::size_t>((h * head_dim_ + t) * n + r)] = static_cast<T>(x);
           c += (static_cast<double>(v(h, t)) - static_cast<double>(u(h, t))) * x;
         }
         c_[static_cast<std::size_t>(h * n + r)] = static_cast<T>(c);
@@ -198,6 +207,7 @@ class transformer_xl {
   index_t limit_, heads_, head_dim_, pos_dim_, mem_;
   std::vector<T> u_;  // (heads, head_dim)
   std::vector<T> r_;  // (heads, 2 * limit + 1, head_dim): R_h(d) at row d + limit
+  std::vector<T> rt_;  // (heads, head_dim, 2 * limit + 1): R_h transposed
   std::vector<T> c_;  // (heads, 2 * limit + 1): (v_h - u_h) . R_h(d)
 };
 
