@@ -4,8 +4,8 @@
 
 // This header only dispatches: a call with at least a lane block of rows per
 // (batch, kv head) and no Shaw terms (Transformer-XL's position term is fine)
-// runs the lane kernel, every other call the row kernel. The kernel itself lives in rooms under attention/fused/,
-// each including only the rooms above it:
+// runs the lane kernel, every other call the row kernel. The kernel itself
+// lives in rooms under attention/fused/, each including only the rooms above it:
 //
 //   traits.hpp         tile constants, derived and checked once
 //   scratch.hpp        per-thread scratch from one description, bounds-checked
