@@ -305,17 +305,17 @@ int main(int argc, char** argv) {
                                      /*seed=*/14, /*stddev=*/0.5);
   posenc::compose<posenc::rope<float>, posenc::alibi<float>> const rope_alibi(rope_enc, alibi_enc);
   // Transformer-XL: u, v (heads, head_dim) and W_R (heads x head_dim, d_model), seeded; distances up to seq - 1.
-  auto txl_table = [](index_t rows, index_t cols, std::uint64_t seed, double scale) {
+  auto txl_table = [](index_t n_rows, index_t n_cols, std::uint64_t seed, double scale) {
     std::mt19937_64 gen(seed);
     std::normal_distribution<double> n01(0.0, scale);
-    posenc::relative_table<float> t(rows, cols);
-    for (index_t r = 0; r < rows; ++r)
-      for (index_t c = 0; c < cols; ++c) t(r, c) = static_cast<float>(n01(gen));
+    posenc::relative_table<float> t(n_rows, n_cols);
+    for (index_t r = 0; r < n_rows; ++r)
+      for (index_t c = 0; c < n_cols; ++c) t(r, c) = static_cast<float>(n01(gen));
     return t;
   };
   posenc::transformer_xl<float> const txl_enc(seq - 1, txl_table(heads, head_dim, 15, 0.5),
                                               txl_table(heads, head_dim, 16, 0.5),
-                                              txl_table(heads * head_dim, d_model, 17, 1.0));
+                                              txl_table(heads * head_dim, d_model, 17, 0.25));
 
   std::vector<row_stats> table;
   table.push_back(measure("none", posenc::none{}, m));

@@ -11,6 +11,13 @@
 
 using posenc::index_t;
 
+// The encoder contract: relative-key hooks with the head first, for its own element type only.
+static_assert(posenc::keeps_encoder_contract_v<posenc::transformer_xl<float>, float>);
+static_assert(posenc::keeps_encoder_contract_v<posenc::transformer_xl<double>, double>);
+static_assert(!posenc::keeps_encoder_contract_v<posenc::transformer_xl<float>, double>);
+static_assert(posenc::relative_key_value_v<posenc::transformer_xl<float>> &&
+              posenc::is_relative_v<posenc::transformer_xl<float>>);
+
 TEST_CASE("transformer_xl tables: R_h(d) = W_R,h PE(d) with the paper's frequencies", "[encoding][transformer_xl]") {
   index_t const H = 3, D = 5, m = 6, L = 40;
   auto const w = posenc_test::random_table<double>(H * D, m, 3);

@@ -118,3 +118,23 @@ TEST_CASE("Transformer-XL: fused == reference in double", "[paths][transformer_x
     check_paths(bf, enc, opt, describe(bf) + " double");
   }
 }
+
+TEST_CASE("Transformer-XL: in-place attention (out is q) on every path", "[paths][transformer_xl]") {
+  // The query shift by u is a copy, so out may be q itself.
+  index_t const B = 1, S = 21, H = 2, D = 8;
+  posenc_test::txl_buffers<float> bf(B, S, S, H, H, D, 77);
+  auto const enc = posenc_test::random_transformer_xl<float>(H, D, 6, S, 78);
+  posenc::attention_options<float> opt;
+  opt.causal = true;
+  auto const want = bf.run<posenc::path::reference>(enc, opt);
+  auto run_in_place = [&](auto path) {
+    std::vector<float> x = bf.q;
+    auto const xv = posenc::make_bshd(x.data(), B, S, H, D);
+    posenc::attention<decltype(path)>(posenc::view<const float>(xv), bf.kv(), bf.vv(), xv, enc, opt);
+    return x;
+  };
+  std::vector<float> const ref_out(want.begin(), want.begin() + static_cast<std::ptrdiff_t>(B * S * H * D));
+  CHECK(posenc_test::max_abs_diff(run_in_place(posenc::path::reference{}), ref_out) == 0.0);
+  CHECK(posenc_test::max_abs_diff(run_in_place(posenc::path::fused{}), ref_out) < 1e-5);
+  CHECK(posenc_test::max_abs_diff(run_in_place(posenc::path::materialized{}), ref_out) < 1e-5);
+}
