@@ -9,9 +9,12 @@
 #include <posenc/encoding/none.hpp>
 #include <posenc/encoding/rope.hpp>
 #include <posenc/encoding/t5_bias.hpp>
+#include <posenc/encoding/transformer_xl.hpp>
 
 #include <chrono>
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -82,7 +85,24 @@ float evict_caches(posenc::aligned_buffer<float> const& buf) {
   return s;
 }
 
-enum class enc_kind { none, rope, rope_unreserved, alibi, t5 };
+enum class enc_kind { none, rope, rope_unreserved, alibi, t5, transformer_xl };
+
+/// A Transformer-XL encoder for H heads of width D over distances up to S,
+/// with d_model = H x D (W_R square, as in the model), built once per shape
+/// for the whole program (its tables take a GEMM of (2S - 1, d_model) by (d_model, H x D)).
+posenc::transformer_xl<float> const& transformer_xl_for(index_t H, index_t D, index_t S) {
+  static std::map<std::string, std::unique_ptr<posenc::transformer_xl<float>>> made;
+  auto& e = made[std::to_string(H) + "x" + std::to_string(D) + "x" + std::to_string(S)];
+  if (!e) {
+    std::mt19937 gen(11);
+    std::uniform_real_distribution<float> dist(-0.05f, 0.05f);
+    posenc::relative_table<float> u(H, D), v(H, D), w(H * D, H * D);
+    for (auto* t : {&u, &v, &w})
+      for (index_t i = 0; i < t->size(); ++i) t->data()[i] = dist(gen);
+    e = std::make_unique<posenc::transformer_xl<float>>(S, u, v, w);
+  }
+  return *e;
+}
 
 template <class Path>
 void attention_bench(benchmark::State& state, config c, enc_kind kind) {
@@ -104,6 +124,8 @@ void attention_bench(benchmark::State& state, config c, enc_kind kind) {
   rope.reserve(c.Sk);
   posenc::alibi<float> alibi(posenc::alibi_form::paper, c.Hq);
   posenc::t5_bias<float> t5(posenc::t5_bias_params{c.Hq, !c.causal, 32, 128}, 7);
+  posenc::transformer_xl<float> const* txl =
+      kind == enc_kind::transformer_xl ? &transformer_xl_for(c.Hq, c.D, c.Sk) : nullptr;
   // Decode: every call is followed by a read of K and V (the same bytes, on
   // the same threads); x_stream = decode time / read time, both measured in
   // this loop, so the ratio holds up when the machine is busy. Before each
@@ -119,6 +141,7 @@ void attention_bench(benchmark::State& state, config c, enc_kind kind) {
       case enc_kind::rope_unreserved: posenc::attention<Path>(qs, kv, vv, os, rope_unreserved, opt); break;
       case enc_kind::alibi: posenc::attention<Path>(qs, kv, vv, os, alibi, opt); break;
       case enc_kind::t5: posenc::attention<Path>(qs, kv, vv, os, t5, opt); break;
+      case enc_kind::transformer_xl: posenc::attention<Path>(qs, kv, vv, os, *txl, opt); break;
     }
   };
   // Warm-up, untimed: the last 16 query rows (all of them for decode) against every
@@ -253,6 +276,8 @@ int main(int argc, char** argv) {
     add<fused>("fused", {S, S, 8, 8, 128, causal, 1}, enc_kind::alibi, "alibi");
     add<fused>("fused", {S, S, 8, 8, 128, causal, 1}, enc_kind::t5, "t5");
   }
+  // Transformer-XL (position term per query-key pair), causal as in the model.
+  for (index_t S : {1024, 4096}) add<fused>("fused", {S, S, 8, 8, 128, true, 1}, enc_kind::transformer_xl, "transformer_xl");
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

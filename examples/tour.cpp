@@ -133,6 +133,10 @@ template <class T>
 index_t parameters(posenc::shaw<T> const& e) {
   return (2 * e.max_distance() + 1) * e.head_dim() * (e.has_values() ? 2 : 1);
 }
+template <class T>
+index_t parameters(posenc::transformer_xl<T> const& e) {  // u, v and W_R
+  return 2 * e.heads() * e.head_dim() + e.heads() * e.head_dim() * e.pos_dim();
+}
 template <class... E>
 index_t parameters(posenc::compose<E...> const& c) {
   return std::apply([](auto const&... p) { return (index_t{0} + ... + parameters(p)); }, c.parts());
@@ -300,6 +304,18 @@ int main(int argc, char** argv) {
   posenc::shaw<float> const shaw_enc(/*max_distance=*/4, head_dim, posenc::shaw_terms::keys_and_values,
                                      /*seed=*/14, /*stddev=*/0.5);
   posenc::compose<posenc::rope<float>, posenc::alibi<float>> const rope_alibi(rope_enc, alibi_enc);
+  // Transformer-XL: u, v (heads, head_dim) and W_R (heads x head_dim, d_model), seeded; distances up to seq - 1.
+  auto txl_table = [](index_t n_rows, index_t n_cols, std::uint64_t seed, double scale) {
+    std::mt19937_64 gen(seed);
+    std::normal_distribution<double> n01(0.0, scale);
+    posenc::relative_table<float> t(n_rows, n_cols);
+    for (index_t r = 0; r < n_rows; ++r)
+      for (index_t c = 0; c < n_cols; ++c) t(r, c) = static_cast<float>(n01(gen));
+    return t;
+  };
+  posenc::transformer_xl<float> const txl_enc(seq - 1, txl_table(heads, head_dim, 15, 0.5),
+                                              txl_table(heads, head_dim, 16, 0.5),
+                                              txl_table(heads * head_dim, d_model, 17, 0.25));
 
   std::vector<row_stats> table;
   table.push_back(measure("none", posenc::none{}, m));
@@ -312,6 +328,7 @@ int main(int argc, char** argv) {
   table.push_back(measure("clipped bias k=4", clipped_enc, m));
   table.push_back(measure("shaw k=4 (keys+values)", shaw_enc, m));
   table.push_back(measure("rope + alibi", rope_alibi, m));
+  table.push_back(measure("transformer-xl", txl_enc, m));
   print_table(table);
 
   // What the table must show; the tour fails (and ctest with it) when it does not.
@@ -350,13 +367,66 @@ int main(int argc, char** argv) {
   }
 
   char const* files[] = {"none", "sinusoidal", "learned", "rope", "rope_yarn", "alibi", "t5", "clipped",
-                         "shaw", "rope_alibi"};
+                         "shaw", "rope_alibi", "transformer_xl"};
   std::vector<px::image> maps;
   for (std::size_t i = 0; i < table.size(); ++i) {
     maps.push_back(attention_picture(table[i]));
     write(std::string("attention_") + files[i] + ".png", maps.back(), "attention map, " + table[i].name);
   }
   write("attention_all.png", px::side_by_side(maps, 5, 8), "all attention maps");
+
+  {  // Transformer-XL, head 0: the content term scale (q_i + u) . k_j, the position term
+     // scale (q_i + v) . R(i - j) and their sum, which must be the library's raw scores.
+    std::vector<float> q = project(m.x, m.wq), k = project(m.x, m.wk), v = project(m.x, m.wv);
+    std::vector<float> raw(heads * seq * seq), out(seq * d_model);
+    posenc::attention_options<float> opt;
+    opt.scores = raw.data();
+    opt.scores_stage = posenc::score_stage::raw;
+    posenc::attention<posenc::path::materialized>(
+        posenc::make_bshd<const float>(q.data(), 1, seq, heads, head_dim),
+        posenc::make_bshd<const float>(k.data(), 1, seq, heads, head_dim),
+        posenc::make_bshd<const float>(v.data(), 1, seq, heads, head_dim),
+        posenc::make_bshd(out.data(), 1, seq, heads, head_dim), txl_enc, opt);
+    float const scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+    std::vector<float> content(seq * seq), position(seq * seq, 0.0f), total(seq * seq);
+    double mismatch = 0;
+    for (index_t i = 0; i < seq; ++i) {
+      float const* qi = &q[i * d_model];  // head 0: the first head_dim values of the token
+      txl_enc.add_position_scores(0, posenc::span<const float>(qi, head_dim), i, 0, scale,
+                                  posenc::span<float>(&position[i * seq], seq));
+      for (index_t j = 0; j < seq; ++j) {
+        float c = 0;
+        for (index_t d = 0; d < head_dim; ++d) c += (qi[d] + txl_enc.content_bias(0)[d]) * k[j * d_model + d];
+        content[i * seq + j] = scale * c;
+        total[i * seq + j] = content[i * seq + j] + position[i * seq + j];
+        mismatch = std::max(mismatch, std::abs(static_cast<double>(total[i * seq + j]) - raw[i * seq + j]));
+      }
+    }
+    if (mismatch > 1e-4) {
+      std::printf("UNEXPECTED: transformer-xl: content + position terms differ from the raw scores by %g\n",
+                  mismatch);
+      ++unexpected;
+    }
+    double a = 0;
+    for (float x : total) a = std::max(a, std::abs(static_cast<double>(x)));
+    for (float x : content) a = std::max(a, std::abs(static_cast<double>(x)));
+    for (float x : position) a = std::max(a, std::abs(static_cast<double>(x)));
+    std::vector<px::image> panels;
+    for (auto const& [title, map] : {std::pair<char const*, std::vector<float> const*>{"CONTENT (Q+U).K", &content},
+                                     {"POSITION (Q+V).R(I-J)", &position},
+                                     {"SUM: RAW SCORES", &total}}) {
+      px::heatmap_style s;
+      s.title = title;
+      s.axes = "HEAD 0  ROWS: QUERY  COLS: KEY";
+      s.cell_w = s.cell_h = 16;
+      s.diverging = true;  // one range for the three panels: white is 0
+      s.vmin = -a;
+      s.vmax = a;
+      panels.push_back(px::render_heatmap(map->data(), seq, seq, s));
+    }
+    write("transformer_xl_terms.png", px::side_by_side(panels, 3, 8),
+          "Transformer-XL content and position terms (head 0)");
+  }
 
   {  // T5 buckets (defaults 32 / 128, bidirectional) over 128 queries x 128 keys.
     std::vector<float> b(128 * 128);

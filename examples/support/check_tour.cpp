@@ -43,11 +43,13 @@ std::vector<expected> expected_pictures() {
   // One attention map per encoder: 12 queries x 12 keys, 16 px per cell; then all of them, 5 per row.
   std::vector<std::pair<int, int>> maps;
   for (char const* name : {"none", "sinusoidal", "learned", "rope", "rope_yarn", "alibi", "t5", "clipped",
-                           "shaw", "rope_alibi"}) {
+                           "shaw", "rope_alibi", "transformer_xl"}) {
     e.push_back({std::string("attention_") + name + ".png", heat(12, 12, 16, 16)});
     maps.push_back(heat(12, 12, 16, 16));
   }
   e.push_back({"attention_all.png", px::grid_size(maps, 5, 8)});
+  // Transformer-XL's content term, position term and their sum: three maps in one row.
+  e.push_back({"transformer_xl_terms.png", px::grid_size(std::vector<std::pair<int, int>>(3, heat(12, 12, 16, 16)), 3, 8)});
   // T5 buckets: 128 queries x 128 keys, 2 px per cell.
   e.push_back({"t5_buckets.png", heat(128, 128, 2, 2)});
   // ALiBi: four heads of 32 queries x 32 keys, 4 px per cell, in one row.

@@ -24,6 +24,7 @@
 #include "posenc/encoding/sinusoidal.hpp"
 #include "posenc/encoding/t5_bias.hpp"
 #include "posenc/encoding/traits.hpp"
+#include "posenc/encoding/transformer_xl.hpp"
 
 #include "posenc/attention/attention.hpp"
 #include "posenc/attention/fused.hpp"

@@ -35,12 +35,93 @@ struct dependent_path {
   using type = P;
 };
 
+template <class Path, bool AllowAdditive, class T, class E>
+void run_attention(view<const T> q, view<const T> k, view<const T> v, view<T> out, E const& enc,
+                   attention_options<T> const& opt);
+
+/// Keys and values of a call without their first `cut` rows, with options that
+/// keep every remaining key and query at its distance: key lengths, masks and
+/// positions follow the keys (all positions move down by `cut` when the keys
+/// sat at their indices).
+template <class T>
+struct memory_cut {
+  view<const T> k, v;
+  attention_options<T> opt;
+  std::vector<index_t> lengths, q_ids, k_ids;
+
+  memory_cut(view<const T> q, view<const T> k0, view<const T> v0, attention_options<T> const& o, index_t cut)
+      : k(k0), v(v0), opt(o) {
+    index_t const B = q.batch, Sq = q.seq, Sk = k0.seq, n = Sk - cut;
+    k.data += cut * k.seq_stride;
+    k.seq = n;
+    v.data += cut * v.seq_stride;
+    v.seq = n;
+    if (!o.key_lengths.empty()) {
+      for (index_t b = 0; b < B; ++b) lengths.push_back(std::max<index_t>(0, o.key_lengths[b] - cut));
+      opt.key_lengths = span<const index_t>(lengths.data(), B);
+    }
+    cut_mask(opt.mask, cut);
+    cut_mask(opt.bool_mask, cut);
+    if (o.k_positions) {  // keys keep their positions
+      for (index_t b = 0; b < B; ++b)
+        for (index_t j = 0; j < n; ++j) k_ids.push_back(o.k_positions->at(b, cut + j));
+      opt.k_positions = position_span::ids(k_ids.data(), B, n);
+    } else {  // keys move to their new indices, queries with them
+      for (index_t b = 0; b < B; ++b) {
+        index_t const L = o.key_lengths.empty() ? Sk : o.key_lengths[b];
+        for (index_t i = 0; i < Sq; ++i) q_ids.push_back((o.q_positions ? o.q_positions->at(b, i) : L - Sq + i) - cut);
+      }
+      opt.q_positions = position_span::ids(q_ids.data(), B, Sq);
+    }
+  }
+
+  template <class M>
+  static void cut_mask(mask_view<M>& m, index_t cut) noexcept {
+    if (m.empty()) return;
+    if (m.k > cut) {
+      m.data += cut;
+      m.k -= cut;
+    } else {
+      m.k = 0;  // every remaining key is beyond the mask's key extent: masked
+    }
+  }
+};
+
+/// Copy of q (batch, Sq, Hq, D) with the encoder's content bias of each head added.
+template <class T, class E>
+view<const T> content_shifted(view<const T> q, aligned_buffer<T>& buf, E const& enc) {
+  buf = aligned_buffer<T>::uninitialized(q.size());
+  view<T> y = make_bshd(buf.data(), q.batch, q.seq, q.heads, q.dim);
+  for (index_t b = 0; b < q.batch; ++b)
+    for (index_t s = 0; s < q.seq; ++s)
+      for (index_t h = 0; h < q.heads; ++h) {
+        T const* x = q.ptr(b, s, h);
+        T const* u = enc.content_bias(h);
+        T* o = y.ptr(b, s, h);
+        for (index_t d = 0; d < q.dim; ++d) o[d] = x[d] + u[d];
+      }
+  return y;
+}
+
 /// Runs one path after validation. `AllowAdditive`: the module applies
 /// additive encodings itself and calls this with its encoder.
 template <class Path, bool AllowAdditive, class T, class E>
 void run_attention(view<const T> q, view<const T> k, view<const T> v, view<T> out, E const& enc,
                    attention_options<T> const& opt) {
   using traits = encoder_traits<E>;
+  if constexpr (has_memory_length<E>::value) {
+    // A segment memory longer than the encoder's M keys: cut to its last M.
+    index_t const M = enc.memory_length();
+    if (M > 0 && k.seq - q.seq > M) {
+      validate(q, k, v, out, enc, opt);  // the call as given, before anything is read past it
+      require(opt.scores == nullptr, "posenc::attention", "scores is set with a memory of ", k.seq - q.seq,
+              " keys, expected null (the encoder's memory_length() is ", M,
+              ": the memory is cut, so no scores column belongs to the first ", k.seq - q.seq - M, " keys)");
+      memory_cut<T> const c(q, k, v, opt, k.seq - q.seq - M);
+      run_attention<Path, AllowAdditive>(q, c.k, c.v, out, enc, c.opt);
+      return;
+    }
+  }
   static_assert(AllowAdditive || !traits::adds_to_embeddings,
                 "posenc::attention: this encoder adds to embeddings, which the attention kernel "
                 "cannot reach; call its add_to() on the input embeddings before the projections, "
@@ -64,6 +145,12 @@ void run_attention(view<const T> q, view<const T> k, view<const T> v, view<T> ou
               "does not produce the scores output; use path::reference or path::materialized)");
     }
     if (plan.batch == 0 || plan.q_len == 0 || plan.q_heads == 0) return;  // nothing to write
+    if constexpr (has_content_bias<E, T>::value) {
+      // Transformer-XL's u: every path sees q + u (content term and position term).
+      aligned_buffer<T> qbuf;
+      K::run(plan, content_shifted(q, qbuf, enc), k, v, out, enc);
+      return;
+    }
     rotation_plan const rot = plan_rotation<K::rotates_itself>(plan, enc, opt.keys_rotated);
     if constexpr (traits::rotates_queries_keys) {
       if (rot.route == rotation_route::copies) {

@@ -3,9 +3,9 @@
 #pragma once
 
 // This header only dispatches: a call with at least a lane block of rows per
-// (batch, kv head) and no Shaw terms runs the lane kernel, every other call
-// the row kernel. The kernel itself lives in rooms under attention/fused/,
-// each including only the rooms above it:
+// (batch, kv head) and no Shaw terms (Transformer-XL's position term is fine)
+// runs the lane kernel, every other call the row kernel. The kernel itself
+// lives in rooms under attention/fused/, each including only the rooms above it:
 //
 //   traits.hpp         tile constants, derived and checked once
 //   scratch.hpp        per-thread scratch from one description, bounds-checked
@@ -50,8 +50,10 @@ index_t fused_scratch_elements(index_t head_dim, index_t value_dim, index_t kv_h
 template <class Tr, class T, class E>
 void fused_attention(attention_plan<T> const& p, view<const T> q, view<const T> k, view<const T> v, view<T> out,
                      E const& enc, rotation_ids const* rot = nullptr) {
-  constexpr bool shaw_v = encoder_traits<E>::relative_key_value;
-  if (!shaw_v && p.q_len * p.group >= Tr::lane_kernel_min_rows_v)
+  // Relative keys need the row kernel, unless the encoder hands the lane
+  // kernel its table by distance (transformer_xl; no value term).
+  constexpr bool lanes_v = !encoder_traits<E>::relative_key_value || has_distance_columns<E, T>::value;
+  if (lanes_v && p.q_len * p.group >= Tr::lane_kernel_min_rows_v)
     fused::run_lane_kernel<Tr>(p, q, k, v, out, enc, rot);
   else
     fused::run_row_kernel<Tr>(p, q, k, v, out, enc, rot);

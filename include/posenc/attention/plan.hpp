@@ -246,7 +246,10 @@ void encoder_terms(attention_plan<T> const& plan, E const& enc, T const* q_row, 
   if constexpr (Term == score_term::shaw && traits::relative_key_value) {
     T const sc = static_cast<T>(plan.scale);
     for_each_key_run(plan, b, j0, n, [&](index_t kp, index_t t0, index_t len) {
-      enc.score_row(q_row, pi, kp, len, sc, tmp + t0);
+      if constexpr (has_headed_score_row<E, T>::value)
+        enc.score_row(h, q_row, pi, kp, len, sc, tmp + t0);
+      else
+        enc.score_row(q_row, pi, kp, len, sc, tmp + t0);
     });
   } else if constexpr (Term == score_term::bias && traits::biases_scores) {
     for_each_key_run(plan, b, j0, n, [&](index_t kp, index_t t0, index_t len) {
@@ -321,6 +324,36 @@ void check_mask(char const* where, char const* name, mask_view<M> const& m, inde
                     checked_span_of(where, m.q, m.q_stride, "(", name, ".q - 1) x |", name, ".q_stride|"),
                     "the largest offset of ", name, " (batch, head and q terms)");
   checked_add(where, off, m.k > 0 ? m.k - 1 : 0, "the largest offset of ", name);
+}
+
+/// Throws unless every query-key pair that can be visible (not padding; with
+/// causal, p_j <= p_i and within the window) is at most `limit` apart:
+/// a bound from the smallest and largest positions of each batch entry.
+template <class T>
+void check_distances(char const* w, index_t limit, view<const T> q, view<const T> k,
+                     attention_options<T> const& opt) {
+  index_t const B = q.batch, Sq = q.seq, Sk = k.seq;
+  bool const restricted = opt.causal || opt.sliding_window > 0;
+  for (index_t b = 0; b < B; ++b) {
+    index_t const L = opt.key_lengths.empty() ? Sk : opt.key_lengths[b];
+    if (L == 0 || Sq == 0) continue;
+    index_t kmin = std::numeric_limits<index_t>::max(), kmax = std::numeric_limits<index_t>::min();
+    for (index_t j = 0; j < L; ++j) {
+      index_t const pj = opt.k_positions ? opt.k_positions->at(b, j) : j;
+      kmin = std::min(kmin, pj);
+      kmax = std::max(kmax, pj);
+    }
+    for (index_t i = 0; i < Sq; ++i) {
+      index_t const pi = opt.q_positions ? opt.q_positions->at(b, i) : Sq == Sk ? i : L - Sq + i;
+      index_t far = pi - kmin;  // positions are within +-position_limit: no overflow
+      if (opt.sliding_window > 0) far = std::min(far, opt.sliding_window - 1);
+      index_t const near = restricted ? std::max<index_t>(0, pi - kmax) : pi - kmax;
+      if (restricted && pi < kmin) continue;  // sees no key
+      require(far <= limit && near >= -limit, w, "query position of batch ", b, " row ", i, " is ", pi,
+              " with keys at ", kmin, " .. ", kmax, ", expected every visible key within ", limit,
+              " positions (the encoder's distance_limit())");
+    }
+  }
 }
 
 /// Validates every argument of posenc::attention; throws posenc::error before any write.
@@ -407,6 +440,14 @@ void validate(view<const T> q, view<const T> k, view<const T> v, view<T> out, E 
               " (the encoder's head_dim: it adds value embeddings)");
     }
   }
+  if constexpr (traits::relative_key_value && has_heads_hook<E>::value) {
+    index_t const eh = enc.heads();
+    require(eh == q.heads, w, "encoder heads() is ", eh, ", expected ", q.heads, " (q.heads)");
+  }
+  if constexpr (has_memory_length<E>::value) {
+    require(Sq <= Sk, w, "q.seq is ", Sq, ", expected <= ", Sk,
+            " (k.seq: the keys are the segment memory followed by the queries' own segment)");
+  }
   if constexpr (uses_positions) {
     // Query positions: negative ones are fine when they see no key (causal);
     // an encoder cannot place a visible query before position 0.
@@ -433,6 +474,7 @@ void validate(view<const T> q, view<const T> k, view<const T> v, view<T> out, E 
       }
     }
   }
+  if constexpr (has_distance_limit<E>::value) check_distances(w, enc.distance_limit(), q, k, opt);
 
   // Aliasing: every path reads q, k, v and the masks while it writes out, lse
   // and scores, so no output may share a byte with an input or another output.

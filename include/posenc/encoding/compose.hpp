@@ -18,6 +18,9 @@ namespace posenc {
 template <class... E>
 class compose {
   static_assert(sizeof...(E) >= 1, "posenc::compose: give at least one encoder");
+  static_assert(!(detail::has_memory_length<E>::value || ...),
+                "posenc::compose: a part shifts the queries and cuts the memory (transformer_xl), which a "
+                "composition cannot forward; pass that encoder to attention alone");
 
  public:
   explicit compose(E... parts) : parts_(std::move(parts)...) {}

@@ -30,6 +30,8 @@ namespace posenc {
 /// |                        |   index_t q_pos, index_t k_pos_first, index_t count, T* out) const  |
 /// |                        |   noexcept` (adds sum_j p[j] aV(k_pos_j - q_pos)), `bool            |
 /// |                        |   has_values() const`, `index_t head_dim() const`                   |
+/// |                        |   score_row may instead take the head first: `score_row(index_t    |
+/// |                        |   head, T const* q, ...)` (per-head tables, as transformer_xl)      |
 /// | is_relative            | scores depend on positions only through p_i - p_j                  |
 ///
 /// Every encoder also has `index_t max_positions() const noexcept`: 0 when any
@@ -46,8 +48,30 @@ namespace posenc {
 /// alone (ALiBi paper and symmetric, T5, clipped; not ALiBi key_only, whose
 /// rows differ by a constant). Fused attention then computes one diagonal of
 /// nk + block - 1 values per tile instead of one row per query.
+///
+/// A relative_key_value encoder may also have (transformer_xl has all three):
+/// - `T const* content_bias(index_t head) const noexcept`: head_dim values
+///   added to every query of that head before anything reads it (the u of
+///   Transformer-XL: the kernels see q + u, in q . k and in score_row);
+/// - `index_t distance_limit() const`: posenc::attention checks that no
+///   visible query-key pair is further apart than that;
+/// - `index_t memory_length() const`: M > 0 cuts the keys before the last
+///   q.seq + M (a segment memory longer than M keys) before attention;
+/// - `distance_columns<T> columns(index_t head) const noexcept`: its
+///   per-head table transposed, by distance (below); the fused path then
+///   computes the term of a whole tile as one register-tiled product.
 template <class E>
 struct encoder_traits;
+
+/// A per-head relative-key table by distance d = p_i - p_j, transposed:
+/// the term of (q, d) is bias[zero + d] + sum_t q[t] * keys[t * stride + zero + d],
+/// for zero + d in [0, count).
+template <class T>
+struct distance_columns {
+  T const* keys = nullptr;  // (head_dim, stride)
+  T const* bias = nullptr;  // (count)
+  index_t stride = 0, zero = 0, count = 0;
+};
 
 namespace detail {
 
@@ -89,6 +113,41 @@ template <class E, class = void>
 struct has_shift_invariant : std::false_type {};
 template <class E>
 struct has_shift_invariant<E, std::void_t<decltype(bool(std::declval<E const&>().shift_invariant()))>>
+    : std::true_type {};
+
+template <class E, class T, class = void>
+struct has_headed_score_row : std::false_type {};
+template <class E, class T>
+struct has_headed_score_row<E, T,
+                            std::void_t<decltype(std::declval<E const&>().score_row(
+                                index_t{}, std::declval<T const*>(), index_t{}, index_t{}, index_t{},
+                                std::declval<T>(), std::declval<T*>()))>> : std::true_type {};
+
+template <class E, class T, class = void>
+struct has_content_bias : std::false_type {};
+template <class E, class T>
+struct has_content_bias<E, T,
+                        std::enable_if_t<std::is_convertible_v<
+                            decltype(std::declval<E const&>().content_bias(index_t{})), T const*>>>
+    : std::true_type {};
+
+template <class E, class T, class = void>
+struct has_distance_columns : std::false_type {};
+template <class E, class T>
+struct has_distance_columns<E, T,
+                            std::enable_if_t<std::is_same_v<decltype(std::declval<E const&>().columns(index_t{})),
+                                                            distance_columns<T>>>> : std::true_type {};
+
+template <class E, class = void>
+struct has_distance_limit : std::false_type {};
+template <class E>
+struct has_distance_limit<E, std::void_t<decltype(index_t(std::declval<E const&>().distance_limit()))>>
+    : std::true_type {};
+
+template <class E, class = void>
+struct has_memory_length : std::false_type {};
+template <class E>
+struct has_memory_length<E, std::void_t<decltype(index_t(std::declval<E const&>().memory_length()))>>
     : std::true_type {};
 
 /// enc.shift_invariant() when E has it, else false.
@@ -168,12 +227,19 @@ template <class E>
 struct has_heads_hook<E, std::void_t<decltype(index_t(std::declval<E const&>().heads()))>> : std::true_type {};
 
 template <class E, class T, class = void>
+struct has_headless_score_row : std::false_type {};
+template <class E, class T>
+struct has_headless_score_row<E, T,
+                              std::void_t<decltype(std::declval<E const&>().score_row(
+                                  std::declval<T const*>(), index_t{}, index_t{}, index_t{}, std::declval<T>(),
+                                  std::declval<T*>()))>> : std::true_type {};
+
+template <class E, class T, class = void>
 struct has_relative_key_value_hooks : std::false_type {};
 template <class E, class T>
 struct has_relative_key_value_hooks<
     E, T,
-    std::void_t<decltype(std::declval<E const&>().score_row(std::declval<T const*>(), index_t{}, index_t{},
-                                                            index_t{}, std::declval<T>(), std::declval<T*>())),
+    std::void_t<std::enable_if_t<has_headless_score_row<E, T>::value || has_headed_score_row<E, T>::value>,
                 decltype(std::declval<E const&>().value_row(std::declval<T const*>(), index_t{}, index_t{},
                                                             index_t{}, std::declval<T*>())),
                 decltype(bool(std::declval<E const&>().has_values())),

@@ -170,6 +170,62 @@ POSENC_ALWAYS_INLINE void lane_tile_scores(typename Tr::value_type const* kt, in
     row_blocks<Tr::micro_rows_v>(keys, score_tiles<Tr>{kt, ldk, head_dim, qt + g * mq_v * w_v, st + g * mq_v * w_v});
 }
 
+/// The score micro-tiles of a relative-key term by distance (position_micro)
+/// for one lane group; rt and c point at the distance of lane 0 and key 0.
+template <class Tr>
+struct position_tiles {
+  using T = typename Tr::value_type;
+  T const* rt;
+  T const* c;
+  index_t ldr, head_dim;
+  T const* qt;
+  T* st;
+  template <class MR>
+  POSENC_ALWAYS_INLINE void operator()(index_t r0, MR) const noexcept {
+    constexpr index_t bq_v = Tr::block_q_v;
+    position_micro<Tr, MR::value, Tr::micro_q_v>(rt - r0, ldr, c - r0, qt, bq_v, head_dim, st + r0 * bq_v, bq_v);
+  }
+};
+
+/// Tile relative-key term (transformer_xl), unscaled like the scores it joins:
+/// st[j][l] += q_l . R(p_l - p_j) + c(p_l - p_j). One register-tiled product
+/// over the tile's lanes - keys distances when the block is one head at
+/// consecutive positions, the keys are consecutive and every distance is in
+/// the table; else the encoder's score_row per row.
+template <class Tr, class E>
+void lane_tile_positions(lane_item_context<Tr, E> const& c, lane_scratch<Tr> const& sc, block_keys<Tr> const& bk,
+                         typename Tr::value_type const* qt, tile_plan const& tp, index_t t0, index_t nvec) noexcept {
+  using T = typename Tr::value_type;
+  constexpr index_t w_v = Tr::width_v, bq_v = Tr::block_q_v, bk_v = Tr::block_kv_v, mq_v = Tr::micro_q_v;
+  attention_plan<T> const& p = c.p;
+  index_t const keys = tp.keys, group = p.group;
+  index_t const q0 = bk.rows > 0 ? p.q_position(c.b, bk.row0 / group) : 0, k0 = p.k_position(c.b, t0);
+  distance_columns<T> const dc = c.enc.columns(c.hk * group);
+  index_t const first = dc.zero + q0 - k0 - (keys - 1), last = dc.zero + q0 - k0 + nvec * w_v - 1;
+  bool by_distance = group == 1 && first >= 0 && last < dc.count && keys_consecutive(p, c.b, t0, keys);
+  for (index_t l = 1; l < bk.rows && by_distance; ++l) by_distance = p.q_position(c.b, bk.row0 + l) == q0 + l;
+  if (by_distance) {
+    index_t const o = dc.zero + q0 - k0;  // distance index of lane 0, key 0
+    for (index_t g = 0; g < nvec / mq_v; ++g)
+      row_blocks<Tr::micro_rows_v>(keys, position_tiles<Tr>{dc.keys + o + g * mq_v * w_v, dc.bias + o + g * mq_v * w_v,
+                                                            dc.stride, p.head_dim, qt + g * mq_v * w_v,
+                                                            sc.st + g * mq_v * w_v});
+    return;
+  }
+  for (index_t l = 0; l < bk.rows; ++l) {
+    index_t const r = bk.row0 + l, i = r / group, h = c.hk * group + r % group;
+    index_t const pi = p.q_position(c.b, i);
+    if (pi < 0) continue;  // sees no key
+    T* row = sc.brow + l * bk_v;
+    std::fill(row, row + keys, T(0));
+    T const* qi = c.q.ptr(c.b, i, h);
+    for_each_key_run(p, c.b, t0, keys, [&](index_t kp, index_t t, index_t len) {
+      c.enc.score_row(h, qi, pi, kp, len, T(1), row + t);
+    });
+    for (index_t j = 0; j < keys; ++j) sc.st[j * bq_v + l] += row[j];
+  }
+}
+
 /// Tile bias and visibility: prepares what the tile's kind adds to the
 /// scores: the diagonal (diag), the per-key terms transposed (bt, -inf where
 /// invisible or masked) or the per-lane bounds (rlo, rhi).
@@ -337,6 +393,7 @@ void lane_item_tiles(lane_item_context<Tr, E> const& c, lane_scratch<Tr> const& 
       auto const& bb = sc.blocks[t];
       index_t const nvec = lane_vectors<Tr>(keys[t].rows);
       lane_tile_scores<Tr>(kt, ldk, tp.keys, head_dim, bb.qt, nvec, sc.st);
+      if constexpr (has_distance_columns<E, T>::value) lane_tile_positions(c, sc, keys[t], bb.qt, tp, t0, nvec);
       lane_tile_terms(c, sc, keys[t], tp, t0, nk, nvec);
       logit.tp = tp;
       logit.nk = nk;

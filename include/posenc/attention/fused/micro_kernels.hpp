@@ -79,6 +79,35 @@ POSENC_ALWAYS_INLINE void score_micro(typename Tr::value_type const* k, index_t 
     for (int m = 0; m < MQ; ++m) simd::store(st + r * lds + m * w_v, acc[r][m]);
 }
 
+/// st[r][lanes] += c[o - r + lanes] + sum_d qt[d][lanes] * rt[d][o - r + lanes] for
+/// MR key rows and MQ lane vectors: a relative-key term whose table rt
+/// (head_dim, ldr) and per-distance term c are indexed by lane - key (lanes at
+/// consecutive query positions, keys at consecutive key positions), so each
+/// lane vector reads one contiguous run of a table row.
+template <class Tr, int MR, int MQ>
+POSENC_ALWAYS_INLINE void position_micro(typename Tr::value_type const* rt, index_t ldr,
+                                         typename Tr::value_type const* c, typename Tr::value_type const* qt,
+                                         index_t ldq, index_t head_dim, typename Tr::value_type* st,
+                                         index_t lds) noexcept {
+  using T = typename Tr::value_type;
+  using B = typename Tr::batch;
+  using A = typename Tr::arch;
+  constexpr index_t w_v = Tr::width_v;
+  B acc[size_v<MR>][size_v<MQ>];
+  for (int r = 0; r < MR; ++r)
+    for (int m = 0; m < MQ; ++m) acc[r][m] = simd::load<T, A>(c - r + m * w_v);
+  for (index_t d = 0; d < head_dim; ++d) {
+    B qv[size_v<MQ>];
+    for (int m = 0; m < MQ; ++m) qv[m] = simd::load<T, A>(qt + d * ldq + m * w_v);
+    T const* row = rt + d * ldr;
+    for (int r = 0; r < MR; ++r)
+      for (int m = 0; m < MQ; ++m) acc[r][m] = simd::fma(simd::load<T, A>(row - r + m * w_v), qv[m], acc[r][m]);
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int m = 0; m < MQ; ++m)
+      simd::store(st + r * lds + m * w_v, simd::load<T, A>(st + r * lds + m * w_v) + acc[r][m]);
+}
+
 /// ot[r][lanes] = alpha[lanes] * ot[r][lanes] + sum_j v[j][r] * pt[j][lanes]
 /// for MR output dims (v points at dim d0 of key row 0) and MQ lane vectors.
 /// `Guarded`: a key adds nothing to a lane where its probability is 0, even
