@@ -2,7 +2,7 @@
 // Ring attention over MPI against one process on one thread, in the same run: speedup and time waiting for blocks.
 //
 // mpirun -np 2 ./posenc_bench_ring [--seq 16384] [--dim 128] [--heads 8] [--reps 3] [--layout zigzag|contiguous]
-// Each rep runs, alternately, posenc::attention over the whole sequence on rank 0 with one thread
+// One untimed call of each first; then each rep runs, alternately, posenc::attention over the whole sequence on rank 0 with one thread
 // (the other ranks wait) and ring_attention on every rank (opt.threads = 1: one thread per rank).
 // Prints per rep and the medians: seconds, GFLOP/s, the speedup, and the fraction of the ring call
 // spent in MPI_Waitall for the next key/value block (the largest over the ranks).
@@ -71,11 +71,16 @@ int main(int argc, char** argv) {
   };
   std::vector<float> q = data(n * H * D, 1 + static_cast<std::uint64_t>(rank)), k = data(n * H * D, 11),
                      v = data(n * H * D, 21), out(q.size());
+  // RoPE with its cos/sin table built for the whole sequence: the single-process call rotates
+  // inside its tiles (no rotated copies), the ring rotates its shard once per call.
   posenc::rope<float> rope(posenc::rope_layout::half_split, D);
+  rope.reserve(S);
+  dist::ring_workspace<float> ws;  // buffers reused from call to call, as from layer to layer
   dist::ring_options<float> opt;
   opt.causal = true;
   opt.threads = 1;
   opt.layout = layout;
+  opt.workspace = &ws;
 
   std::vector<float> fq, fk, fv, fo;
   if (single && rank == 0) {
@@ -87,7 +92,7 @@ int main(int argc, char** argv) {
     std::printf("ranks %d, S %lld, D %lld, H %lld, causal RoPE, layout %s, 1 thread per rank\n", ranks,
                 static_cast<long long>(S), static_cast<long long>(D), static_cast<long long>(H),
                 layout == dist::shard_layout::zigzag ? "zigzag" : "contiguous");
-  for (int rep = 0; rep < reps; ++rep) {
+  for (int rep = -1; rep < reps; ++rep) {  // rep -1: warm-up, not reported
     if (single) {
       MPI_Barrier(MPI_COMM_WORLD);
       if (rank == 0) {
@@ -95,7 +100,8 @@ int main(int argc, char** argv) {
         posenc::attention(posenc::make_bshd(fq.data(), 1, S, H, D), posenc::make_bshd(fk.data(), 1, S, H, D),
                           posenc::make_bshd(fv.data(), 1, S, H, D), posenc::make_bshd(fo.data(), 1, S, H, D), rope,
                           static_cast<posenc::attention_options<float> const&>(opt));
-        t_single.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        double const ts = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (rep >= 0) t_single.push_back(ts);
       }
     }
     MPI_Barrier(MPI_COMM_WORLD);
@@ -109,7 +115,7 @@ int main(int argc, char** argv) {
     double wf_max = 0, compute_max = 0;
     MPI_Reduce(&wf, &wf_max, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
     MPI_Reduce(&st.compute_seconds, &compute_max, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
-    if (rank == 0) {
+    if (rank == 0 && rep >= 0) {
       t_ring.push_back(t);
       waits.push_back(wf_max);
       std::printf("rep %d: single %.3f s (%.1f GFLOP/s), ring %.3f s (%.1f GFLOP/s), compute %.3f s, wait %.2f%%\n",

@@ -175,6 +175,7 @@ void for_each_encoder(problem const& p, F const& f) {
   f(rope_with(rope_scaling::llama3(8.0, 1.0, 4.0, 16)), "rope Llama 3");
   f(rope_with(rope_scaling::longrope(sf, lf, 16, 64)), "rope LongRoPE (long factors)");
   f(posenc::alibi<float>(posenc::alibi_form::paper, p.Hq), "alibi");
+  f(posenc::alibi<float>(posenc::alibi_form::key_only, p.Hq), "alibi key-only (absolute key positions)");
   f(posenc::t5_bias<float>(posenc::t5_bias_params{p.Hq, true, 32, 128}, 3, 0.5), "t5 bidirectional");
   f(posenc::t5_bias<float>(posenc::t5_bias_params{p.Hq, false, 32, 128}, 4, 0.5), "t5 causal");
   f(posenc::clipped_bias<float>(6, p.Hq, 5, 0.5), "clipped");

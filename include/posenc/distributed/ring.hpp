@@ -31,10 +31,27 @@ namespace posenc::distributed {
 /// sequence, plus how the sequence is cut into shards.
 /// Not supported across ranks (rejected): masks, the scores output, explicit
 /// or per-batch positions (a single offset for q_positions / k_positions is).
+/// Buffers of ring_attention kept between calls: the two key/value blocks of the
+/// double buffer, the rotated queries, one block's output and the per-row
+/// accumulator. A call grows them to its sizes and never shrinks them, so the
+/// calls after the first (the next layer, the next step) touch memory already
+/// mapped. Not shared between concurrent calls.
+template <class T>
+struct ring_workspace {
+  aligned_buffer<T> blocks[2];  ///< K then V of one shard, packed (batch, shard, Hkv, D | Dv)
+  aligned_buffer<T> q_rotated;  ///< (batch, shard, Hq, D) when the encoder rotates
+  aligned_buffer<T> out;        ///< one (query run, key run) output, (batch, run, Hq, Dv)
+  aligned_buffer<T> lse;        ///< its log-sum-exp, (batch, Hq, run)
+  std::vector<double> o;        ///< (batch, shard, Hq, Dv): unnormalised output of every row
+  std::vector<double> m, l;     ///< (batch, shard, Hq): its running max and sum
+};
+
 template <class T>
 struct ring_options : attention_options<T> {
   /// Which tokens each rank holds (zig-zag balances a causal mask).
   shard_layout layout = shard_layout::zigzag;
+  /// Optional buffers reused across calls (null: the call allocates its own).
+  ring_workspace<T>* workspace = nullptr;
 };
 
 /// What one ring_attention call spent its time on, on this rank.
@@ -180,16 +197,21 @@ descriptor describe(view<const T> q, view<const T> k, view<const T> v, ring_opti
 }
 
 /// Everything the ring needs once every rank agrees: where the tokens are,
-/// the positions, the rotated queries and the first key/value block.
+/// the positions, and the buffers (the rotated queries, the first key/value block).
 template <class T>
 struct ring_setup {
   shard_map map;
   index_t q_offset = 0, k_offset = 0;
   index_t max_block = 0;           // the longest shard
   std::vector<index_t> key_len;    // (batch): the whole sequence's key lengths
-  aligned_buffer<T> q_rotated;     // (batch, shard, q_heads, head_dim) when the encoder rotates
-  aligned_buffer<T> blocks[2];     // K then V of one shard, packed: the ring's double buffer
+  ring_workspace<T>* ws = nullptr;
 };
+
+/// Grows b to at least n elements (contents not kept).
+template <class T>
+void fit(aligned_buffer<T>& b, index_t n) {
+  if (b.size() < n) b = aligned_buffer<T>::uninitialized(n);
+}
 
 /// Packed (batch, seq, heads, dim) copy of x at `dst`.
 template <class T>
@@ -244,10 +266,11 @@ void prepare(ring_setup<T>& st, int rank, view<const T> q, view<const T> k, view
   } else {
     (void)posenc::detail::make_plan(q, k, v, out, enc, vo);
   }
-  st.blocks[0] = aligned_buffer<T>::uninitialized(B * st.max_block * k.heads * (k.dim + v.dim));
-  st.blocks[1] = aligned_buffer<T>::uninitialized(B * st.max_block * k.heads * (k.dim + v.dim));
-  view<T> const kp = pack(k, st.blocks[0].data());
-  pack(v, st.blocks[0].data() + B * S * k.heads * k.dim);
+  ring_workspace<T>& ws = *st.ws;
+  fit(ws.blocks[0], B * st.max_block * k.heads * (k.dim + v.dim));
+  fit(ws.blocks[1], B * st.max_block * k.heads * (k.dim + v.dim));
+  view<T> const kp = pack(k, ws.blocks[0].data());
+  pack(v, ws.blocks[0].data() + B * S * k.heads * k.dim);
   if constexpr (traits::rotates_queries_keys) {
     // The single-process call's length (plan_rotation): the largest key
     // position that is not padding (or any key, when all are), or a larger query position, + 1.
@@ -256,8 +279,8 @@ void prepare(ring_setup<T>& st, int rank, view<const T> q, view<const T> k, view
     index_t const kmax = st.k_offset + (klen > 0 ? klen : total) - 1, qmax = st.q_offset + total - 1;
     index_t const length = std::max(kmax, qmax) + 1;
     for (auto& p : qids) p = std::max<index_t>(p, 0);
-    st.q_rotated = aligned_buffer<T>::uninitialized(B * S * q.heads * q.dim);
-    view<T> const qp = pack(q, st.q_rotated.data());
+    fit(ws.q_rotated, B * S * q.heads * q.dim);
+    view<T> const qp = pack(q, ws.q_rotated.data());
     if (S > 0 && q.dim > 0) enc.rotate(qp, position_span::ids(qids.data(), 1, S), length);
     if (!opt.keys_rotated && S > 0 && k.dim > 0) {
       std::vector<index_t> bk(static_cast<std::size_t>(B * S));
@@ -275,19 +298,11 @@ void prepare(ring_setup<T>& st, int rank, view<const T> q, view<const T> k, view
   }
 }
 
-/// Running log-sum-exp state of every query row of the shard: the
-/// unnormalised output, its max and its sum (docs/formulas.md 5.5).
-struct ring_accumulator {
-  std::vector<double> o;  // (batch, shard, q_heads, value_dim)
-  std::vector<double> m;  // (batch, shard, q_heads)
-  std::vector<double> l;  // (batch, shard, q_heads)
-};
-
 /// Merges one block's normalised output (batch, n, q_heads, value_dim) and
 /// its log-sum-exp (batch, q_heads, n) into the rows [s0, s0 + n) of the
 /// accumulator, with the decode split's merge_partials.
 template <class T>
-void merge_block(ring_accumulator& acc, T const* out, T const* lse, index_t batch, index_t shard, index_t s0,
+void merge_block(ring_workspace<T>& acc, T const* out, T const* lse, index_t batch, index_t shard, index_t s0,
                  index_t n, index_t heads, index_t value_dim) {
   std::vector<double> o2(static_cast<std::size_t>(2 * value_dim));
   for (index_t b = 0; b < batch; ++b)
@@ -380,6 +395,9 @@ ring_stats ring_attention(MPI_Comm comm, view<const posenc::detail::identity_t<T
 
   char const* const w = "posenc::ring_attention";
   detail::ring_setup<T> st;
+  ring_workspace<T> own;
+  st.ws = opt.workspace != nullptr ? opt.workspace : &own;
+  ring_workspace<T>& ws = *st.ws;
   std::vector<index_t> lengths;
   for (auto const& d : all) lengths.push_back(d.shard_length);
   st.map = make_shard_map(opt.layout, span<const index_t>(lengths.data(), R));
@@ -415,16 +433,22 @@ ring_stats ring_attention(MPI_Comm comm, view<const posenc::detail::identity_t<T
   // The ring: step t computes the block of rank (r - t) mod R while the next one arrives.
   index_t max_run = 0;
   for (segment const& g : st.map.runs[static_cast<std::size_t>(r)]) max_run = std::max(max_run, g.count);
-  detail::ring_accumulator acc;
+  ring_workspace<T>& acc = ws;
   acc.o.assign(static_cast<std::size_t>(B * S * Hq * Dv), 0.0);
   acc.m.assign(static_cast<std::size_t>(B * S * Hq), -std::numeric_limits<double>::infinity());
   acc.l.assign(acc.m.size(), 0.0);
-  aligned_buffer<T> tmp = aligned_buffer<T>::uninitialized(B * max_run * Hq * Dv);
-  aligned_buffer<T> tmp_lse = aligned_buffer<T>::uninitialized(B * Hq * max_run);
+  detail::fit(ws.out, B * max_run * Hq * Dv);
+  detail::fit(ws.lse, B * Hq * max_run);
+  T* const tmp = ws.out.data();
+  T* const tmp_lse = ws.lse.data();
   std::vector<index_t> klens(static_cast<std::size_t>(B));
   view<const T> const qsrc = traits::rotates_queries_keys
-                                 ? view<const T>(make_bshd(st.q_rotated.data(), B, S, Hq, D))
+                                 ? view<const T>(make_bshd(ws.q_rotated.data(), B, S, Hq, D))
                                  : q;
+  // Scores that depend on positions only through their difference (no bias, or a
+  // shift-invariant one: not ALiBi's key-only form) let every block count keys from 0.
+  bool shift_ok = true;
+  if constexpr (traits::biases_scores) shift_ok = posenc::detail::bias_shift_invariant(enc);
   int const right = (r + 1) % R, left = (r + R - 1) % R;
   int cur = 0;
   for (int t = 0; t < R; ++t) {
@@ -433,13 +457,13 @@ ring_stats ring_attention(MPI_Comm comm, view<const posenc::detail::identity_t<T
     if (t + 1 < R) {
       index_t const send_n = B * lengths[static_cast<std::size_t>(src)] * Hkv * (D + Dv);
       index_t const recv_n = B * lengths[static_cast<std::size_t>(next_src)] * Hkv * (D + Dv);
-      MPI_Irecv(st.blocks[1 - cur].data(), static_cast<int>(recv_n), detail::mpi_type<T>(), left, t, ring.get(),
+      MPI_Irecv(ws.blocks[1 - cur].data(), static_cast<int>(recv_n), detail::mpi_type<T>(), left, t, ring.get(),
                 &req[0]);
-      MPI_Isend(st.blocks[cur].data(), static_cast<int>(send_n), detail::mpi_type<T>(), right, t, ring.get(),
+      MPI_Isend(ws.blocks[cur].data(), static_cast<int>(send_n), detail::mpi_type<T>(), right, t, ring.get(),
                 &req[1]);
     }
     auto const t_compute = detail::clock::now();
-    auto const kv = detail::block_views(st.blocks[cur].data(), B, lengths[static_cast<std::size_t>(src)], Hkv, D, Dv);
+    auto const kv = detail::block_views(ws.blocks[cur].data(), B, lengths[static_cast<std::size_t>(src)], Hkv, D, Dv);
     index_t q0 = 0;
     for (segment const& qs : st.map.runs[static_cast<std::size_t>(r)]) {
       index_t k0 = 0;
@@ -456,16 +480,29 @@ ring_stats ring_attention(MPI_Comm comm, view<const posenc::detail::identity_t<T
         o.softcap = opt.softcap;
         o.threads = opt.threads;
         o.keys_rotated = opt.keys_rotated;
-        o.q_positions = position_span(st.q_offset + qs.first);
-        o.k_positions = position_span(st.k_offset + ks.first);
+        index_t const qlo = st.q_offset + qs.first, klo = st.k_offset + ks.first;
+        if (shift_ok && (qlo >= klo || opt.causal || opt.sliding_window > 0)) {
+          // Keys at their indices, queries at their distance from the run's first key: the
+          // same scores (they depend on positions only through j - i), and the kernel's
+          // exact tile plan (per-key tests only on the diagonal). Negative query positions
+          // only come with causal, where they are allowed.
+          o.q_positions = position_span(qlo - klo);
+        } else if (shift_ok) {
+          // Queries before the keys, without causal: every key is visible anyway.
+          o.q_positions = position_span(0);
+          o.k_positions = position_span(klo - qlo);
+        } else {
+          o.q_positions = position_span(st.q_offset + qs.first);
+          o.k_positions = position_span(st.k_offset + ks.first);
+        }
         if (!opt.key_lengths.empty()) {
           for (index_t b = 0; b < B; ++b)
             klens[static_cast<std::size_t>(b)] =
                 std::clamp<index_t>(st.key_len[static_cast<std::size_t>(b)] - ks.first, 0, ks.count);
           o.key_lengths = span<const index_t>(klens.data(), B);
         }
-        o.lse = tmp_lse.data();
-        view<T> const ov = make_bshd(tmp.data(), B, qs.count, Hq, Dv);
+        o.lse = tmp_lse;
+        view<T> const ov = make_bshd(tmp, B, qs.count, Hq, Dv);
         view<const T> const qv = detail::rows_of(qsrc, q0, qs.count);
         view<const T> const kv_k = detail::rows_of(kv.first, k0, ks.count);
         view<const T> const kv_v = detail::rows_of(kv.second, k0, ks.count);
@@ -479,7 +516,7 @@ ring_stats ring_attention(MPI_Comm comm, view<const posenc::detail::identity_t<T
           std::fprintf(stderr, "%s\n", e.what());
           MPI_Abort(ring.get(), 1);
         }
-        detail::merge_block(acc, tmp.data(), tmp_lse.data(), B, S, q0, qs.count, Hq, Dv);
+        detail::merge_block(acc, tmp, tmp_lse, B, S, q0, qs.count, Hq, Dv);
         ++stats.blocks_run;
         int done = 0;
         MPI_Testall(2, req, &done, MPI_STATUSES_IGNORE);  // lets the transfer progress between blocks
