@@ -32,7 +32,8 @@ int world_rank() {
 struct problem {
   index_t B = 2, S = 37, Hq = 4, Hkv = 4, D = 16, Dv = 16;
   dist::shard_layout layout = dist::shard_layout::zigzag;
-  bool uneven = false;  // contiguous: shard r gets a different length per rank
+  bool uneven = false;       // contiguous: shard r gets a different length per rank
+  bool empty_first = false;  // contiguous: rank 0 holds no token (with more than one rank)
 };
 
 /// Shard lengths of every rank for problem p over R ranks.
@@ -48,9 +49,10 @@ std::vector<index_t> shard_lengths(problem const& p, index_t R) {
   // Uneven: weights 1, 3, 2, 5, ... of the ranks (a rank may get few tokens).
   index_t const w[4] = {1, 3, 2, 5};
   index_t wsum = 0, given = 0;
-  for (index_t r = 0; r < R; ++r) wsum += p.uneven ? w[r % 4] : 1;
+  auto weight = [&](index_t r) { return p.empty_first && r == 0 && R > 1 ? 0 : p.uneven ? w[r % 4] : 1; };
+  for (index_t r = 0; r < R; ++r) wsum += weight(r);
   for (index_t r = 0; r < R; ++r) {
-    len[static_cast<std::size_t>(r)] = r + 1 == R ? p.S - given : p.S * (p.uneven ? w[r % 4] : 1) / wsum;
+    len[static_cast<std::size_t>(r)] = r + 1 == R ? p.S - given : p.S * weight(r) / wsum;
     given += len[static_cast<std::size_t>(r)];
   }
   return len;
@@ -241,6 +243,22 @@ TEST_CASE("ring == single-process attention with GQA, windows, key lengths, offs
       }
       for_each_encoder(p, [&](auto const& enc, char const* name) { check_ring(p, enc, opt, c + m + " " + name, seed++); });
     }
+  }
+}
+
+TEST_CASE("ring with a rank that holds no token (contiguous)", "[ring]") {
+  problem p;
+  p.layout = dist::shard_layout::contiguous;
+  p.uneven = true;
+  p.empty_first = true;
+  std::uint64_t seed = 900;
+  for (int causal = 0; causal < 2; ++causal) {
+    dist::ring_options<float> opt;
+    opt.causal = causal == 1;
+    std::string const c = std::string("rank 0 empty") + (opt.causal ? " causal " : " full ");
+    check_ring(p, posenc::rope<float>(posenc::rope_layout::half_split, p.D), opt, c + "rope", seed++);
+    check_ring(p, posenc::alibi<float>(posenc::alibi_form::key_only, p.Hq), opt, c + "alibi key-only", seed++);
+    check_ring(p, posenc::shaw<float>(4, p.D, posenc::shaw_terms::keys_and_values, 6, 0.5), opt, c + "shaw", seed++);
   }
 }
 
