@@ -336,6 +336,135 @@ inline bool block_invisible(segment qs, segment ks, index_t q_offset, index_t k_
   return !any;
 }
 
+/// The options of one (query run, key run) call: the user's scale, causal
+/// rule, window and softcap, the runs' positions, the key lengths of the key
+/// run (`klens` holds them), and the block's log-sum-exp output.
+template <class T>
+attention_options<T> block_options(ring_setup<T> const& st, ring_options<T> const& opt, segment qs, segment ks,
+                                   bool shift_ok, std::vector<index_t>& klens, T* lse) {
+  attention_options<T> o;
+  o.scale = opt.scale;
+  o.causal = opt.causal;
+  o.sliding_window = opt.sliding_window;
+  o.softcap = opt.softcap;
+  o.threads = opt.threads;
+  o.keys_rotated = opt.keys_rotated;
+  index_t const qlo = st.q_offset + qs.first, klo = st.k_offset + ks.first;
+  if (shift_ok && (qlo >= klo || opt.causal || opt.sliding_window > 0)) {
+    // Keys at their indices, queries at their distance from the run's first key: the
+    // same scores (they depend on positions only through j - i), and the kernel's
+    // exact tile plan (per-key tests only on the diagonal). Negative query positions
+    // only come with causal, where they are allowed.
+    o.q_positions = position_span(qlo - klo);
+  } else if (shift_ok) {
+    // Queries before the keys, without causal: every key is visible anyway.
+    o.q_positions = position_span(0);
+    o.k_positions = position_span(klo - qlo);
+  } else {
+    o.q_positions = position_span(qlo);
+    o.k_positions = position_span(klo);
+  }
+  if (!opt.key_lengths.empty()) {
+    index_t const B = static_cast<index_t>(klens.size());
+    for (index_t b = 0; b < B; ++b)
+      klens[static_cast<std::size_t>(b)] =
+          std::clamp<index_t>(st.key_len[static_cast<std::size_t>(b)] - ks.first, 0, ks.count);
+    o.key_lengths = span<const index_t>(klens.data(), B);
+  }
+  o.lse = lse;
+  return o;
+}
+
+/// The two agreement phases: (1) shapes, options and shard lengths against
+/// every other rank, then the shard map; (2) this rank's share validated with
+/// its global positions, its first block packed (and rotated), the encoder's
+/// probe against every other rank. Throws the same posenc::error on every rank.
+template <class T, class E>
+void agree_and_prepare(MPI_Comm comm, int r, view<const T> q, view<const T> k, view<const T> v, view<T> out,
+                       E const& enc, ring_options<T> const& opt, ring_setup<T>& st) {
+  using posenc::detail::require;
+  char const* const w = "posenc::ring_attention";
+  descriptor mine;
+  try {
+    check_local(q, k, opt);
+    mine = describe<T, E>(q, k, v, opt);
+  } catch (error const& e) {
+    mine.set_error(e.what());
+  }
+  std::vector<descriptor> const all = exchange(comm, mine);
+  require_agreement(all, r);
+
+  std::vector<index_t> lengths;
+  for (auto const& d : all) lengths.push_back(d.shard_length);
+  st.map = make_shard_map(opt.layout, span<const index_t>(lengths.data(), static_cast<index_t>(lengths.size())));
+  st.q_offset = mine.get(field::q_offset);
+  st.k_offset = mine.get(field::k_offset);
+  index_t const B = q.batch, Hkv = k.heads, D = q.dim, Dv = v.dim;
+  st.key_len.assign(static_cast<std::size_t>(B), st.map.total);
+  for (index_t b = 0; b < opt.key_lengths.size(); ++b) {
+    index_t const L = opt.key_lengths[b];
+    require(L >= 0 && L <= st.map.total, w, "key_lengths[", b, "] is ", L, ", expected 0 .. ", st.map.total,
+            " (the whole sequence)");
+    st.key_len[static_cast<std::size_t>(b)] = L;
+  }
+  for (index_t len : lengths) st.max_block = std::max(st.max_block, len);
+  index_t const block_elems = posenc::detail::checked_mul(
+      w, posenc::detail::checked_mul(w, B, st.max_block, "batch x shard"),
+      posenc::detail::checked_mul(w, Hkv, posenc::detail::checked_add(w, D, Dv, "D + Dv"), "Hkv x (D + Dv)"),
+      "key/value block size");
+  require(block_elems <= INT_MAX, w, "a key/value block is ", block_elems, " elements, expected <= ", INT_MAX,
+          " (one MPI message; use more ranks or a smaller batch)");
+
+  descriptor second;
+  try {
+    prepare(st, r, q, k, v, out, enc, opt);
+    second.values[static_cast<int>(field::encoder_params)] =
+        static_cast<std::int64_t>(encoder_probe<T>(enc, q.heads, D));
+  } catch (error const& e) {
+    second.set_error(e.what());
+  }
+  require_agreement(exchange(comm, second), r);
+}
+
+/// One (query run, key run) pair: attention of the run's queries (rows
+/// [q0, q0 + q.seq) of the shard) over the key run into the workspace's block
+/// output, then merged into the accumulator.
+template <class T, class E>
+void attend_and_merge(MPI_Comm comm, ring_workspace<T>& ws, view<const T> q, view<const T> k, view<const T> v,
+                      E const& enc, attention_options<T> const& o, index_t shard, index_t q0) {
+  index_t const B = q.batch, Hq = q.heads, Dv = v.dim;
+  view<T> const ov = make_bshd(ws.out.data(), B, q.seq, Hq, Dv);
+  try {
+    if constexpr (encoder_traits<E>::rotates_queries_keys)
+      attention(q, k, v, ov, rotation_applied<E>(enc), o);
+    else
+      attention(q, k, v, ov, enc, o);
+  } catch (error const& e) {
+    // Unreachable after the two agreement phases; the other ranks would wait forever.
+    std::fprintf(stderr, "%s\n", e.what());
+    MPI_Abort(comm, 1);
+  }
+  merge_block(ws, ws.out.data(), ws.lse.data(), B, shard, q0, q.seq, Hq, Dv);
+}
+
+/// Writes every row of the shard from the accumulator: out = o / l (zeros
+/// when no key was visible) and, when asked, lse = m + ln l (-inf then).
+template <class T>
+void finish_rows(ring_workspace<T> const& acc, view<T> out, T* lse, index_t B, index_t S, index_t Hq, index_t Dv) {
+  for (index_t b = 0; b < B; ++b)
+    for (index_t s = 0; s < S; ++s)
+      for (index_t h = 0; h < Hq; ++h) {
+        std::size_t const row = static_cast<std::size_t>((b * S + s) * Hq + h);
+        double const l = acc.l[row];
+        double const* const o = acc.o.data() + row * static_cast<std::size_t>(Dv);
+        T* const dst = out.ptr(b, s, h);
+        for (index_t d = 0; d < Dv; ++d) dst[d] = l > 0 ? static_cast<T>(o[d] / l) : T(0);
+        if (lse != nullptr)
+          lse[(b * Hq + h) * S + s] =
+              l > 0 ? static_cast<T>(acc.m[row] + std::log(l)) : -std::numeric_limits<T>::infinity();
+      }
+}
+
 }  // namespace detail
 
 /// Attention over a sequence split across the ranks of `comm`: rank r holds
@@ -373,7 +502,6 @@ ring_stats ring_attention(MPI_Comm comm, view<const posenc::detail::identity_t<T
                 "posenc::ring_attention: the encoder breaks the encoder contract; posenc::attention names the "
                 "problem");
   using traits = encoder_traits<E>;
-  using posenc::detail::require;
   auto const t_start = detail::clock::now();
   detail::comm_copy const ring(comm);
   int R = 1, r = 0;
@@ -382,64 +510,22 @@ ring_stats ring_attention(MPI_Comm comm, view<const posenc::detail::identity_t<T
   ring_stats stats;
   stats.steps = R;
 
-  // Phase 1: shapes and options against every other rank.
-  detail::descriptor mine;
-  try {
-    detail::check_local(q, k, opt);
-    mine = detail::describe<T, E>(q, k, v, opt);
-  } catch (error const& e) {
-    mine.set_error(e.what());
-  }
-  std::vector<detail::descriptor> all = detail::exchange(ring.get(), mine);
-  detail::require_agreement(all, r);
-
-  char const* const w = "posenc::ring_attention";
   detail::ring_setup<T> st;
   ring_workspace<T> own;
   st.ws = opt.workspace != nullptr ? opt.workspace : &own;
   ring_workspace<T>& ws = *st.ws;
-  std::vector<index_t> lengths;
-  for (auto const& d : all) lengths.push_back(d.shard_length);
-  st.map = make_shard_map(opt.layout, span<const index_t>(lengths.data(), R));
-  st.q_offset = mine.get(detail::field::q_offset);
-  st.k_offset = mine.get(detail::field::k_offset);
+  detail::agree_and_prepare(ring.get(), r, q, k, v, out, enc, opt, st);
+  std::vector<index_t> const& lengths = st.map.lengths;
   index_t const B = q.batch, S = q.seq, Hq = q.heads, Hkv = k.heads, D = q.dim, Dv = v.dim;
-  st.key_len.assign(static_cast<std::size_t>(B), st.map.total);
-  for (index_t b = 0; b < opt.key_lengths.size(); ++b) {
-    index_t const L = opt.key_lengths[b];
-    require(L >= 0 && L <= st.map.total, w, "key_lengths[", b, "] is ", L, ", expected 0 .. ", st.map.total,
-            " (the whole sequence)");
-    st.key_len[static_cast<std::size_t>(b)] = L;
-  }
-  for (index_t len : lengths) st.max_block = std::max(st.max_block, len);
-  index_t const block_elems = posenc::detail::checked_mul(
-      w, posenc::detail::checked_mul(w, B, st.max_block, "batch x shard"),
-      posenc::detail::checked_mul(w, Hkv, posenc::detail::checked_add(w, D, Dv, "D + Dv"), "Hkv x (D + Dv)"),
-      "key/value block size");
-  require(block_elems <= INT_MAX, w, "a key/value block is ", block_elems, " elements, expected <= ", INT_MAX,
-          " (one MPI message; use more ranks or a smaller batch)");
-
-  // Phase 2: this rank's share with its global positions; the encoder's probe.
-  detail::descriptor second;
-  try {
-    detail::prepare(st, r, q, k, v, out, enc, opt);
-    second.values[static_cast<int>(detail::field::encoder_params)] =
-        static_cast<std::int64_t>(detail::encoder_probe<T>(enc, Hq, D));
-  } catch (error const& e) {
-    second.set_error(e.what());
-  }
-  detail::require_agreement(detail::exchange(ring.get(), second), r);
 
   // The ring: step t computes the block of rank (r - t) mod R while the next one arrives.
   index_t max_run = 0;
   for (segment const& g : st.map.runs[static_cast<std::size_t>(r)]) max_run = std::max(max_run, g.count);
-  ring_workspace<T>& acc = ws;
-  acc.o.assign(static_cast<std::size_t>(B * S * Hq * Dv), 0.0);
-  acc.m.assign(static_cast<std::size_t>(B * S * Hq), -std::numeric_limits<double>::infinity());
-  acc.l.assign(acc.m.size(), 0.0);
+  ws.o.assign(static_cast<std::size_t>(B * S * Hq * Dv), 0.0);
+  ws.m.assign(static_cast<std::size_t>(B * S * Hq), -std::numeric_limits<double>::infinity());
+  ws.l.assign(ws.m.size(), 0.0);
   detail::fit(ws.out, B * max_run * Hq * Dv);
   detail::fit(ws.lse, B * Hq * max_run);
-  T* const tmp = ws.out.data();
   T* const tmp_lse = ws.lse.data();
   std::vector<index_t> klens(static_cast<std::size_t>(B));
   view<const T> const qsrc = traits::rotates_queries_keys
@@ -473,50 +559,10 @@ ring_stats ring_attention(MPI_Comm comm, view<const posenc::detail::identity_t<T
           k0 += ks.count;
           continue;
         }
-        attention_options<T> o;
-        o.scale = opt.scale;
-        o.causal = opt.causal;
-        o.sliding_window = opt.sliding_window;
-        o.softcap = opt.softcap;
-        o.threads = opt.threads;
-        o.keys_rotated = opt.keys_rotated;
-        index_t const qlo = st.q_offset + qs.first, klo = st.k_offset + ks.first;
-        if (shift_ok && (qlo >= klo || opt.causal || opt.sliding_window > 0)) {
-          // Keys at their indices, queries at their distance from the run's first key: the
-          // same scores (they depend on positions only through j - i), and the kernel's
-          // exact tile plan (per-key tests only on the diagonal). Negative query positions
-          // only come with causal, where they are allowed.
-          o.q_positions = position_span(qlo - klo);
-        } else if (shift_ok) {
-          // Queries before the keys, without causal: every key is visible anyway.
-          o.q_positions = position_span(0);
-          o.k_positions = position_span(klo - qlo);
-        } else {
-          o.q_positions = position_span(st.q_offset + qs.first);
-          o.k_positions = position_span(st.k_offset + ks.first);
-        }
-        if (!opt.key_lengths.empty()) {
-          for (index_t b = 0; b < B; ++b)
-            klens[static_cast<std::size_t>(b)] =
-                std::clamp<index_t>(st.key_len[static_cast<std::size_t>(b)] - ks.first, 0, ks.count);
-          o.key_lengths = span<const index_t>(klens.data(), B);
-        }
-        o.lse = tmp_lse;
-        view<T> const ov = make_bshd(tmp, B, qs.count, Hq, Dv);
-        view<const T> const qv = detail::rows_of(qsrc, q0, qs.count);
-        view<const T> const kv_k = detail::rows_of(kv.first, k0, ks.count);
-        view<const T> const kv_v = detail::rows_of(kv.second, k0, ks.count);
-        try {
-          if constexpr (traits::rotates_queries_keys)
-            attention(qv, kv_k, kv_v, ov, detail::rotation_applied<E>(enc), o);
-          else
-            attention(qv, kv_k, kv_v, ov, enc, o);
-        } catch (error const& e) {
-          // Unreachable after the two phases; other ranks would wait forever.
-          std::fprintf(stderr, "%s\n", e.what());
-          MPI_Abort(ring.get(), 1);
-        }
-        detail::merge_block(acc, tmp, tmp_lse, B, S, q0, qs.count, Hq, Dv);
+        attention_options<T> const o = detail::block_options(st, opt, qs, ks, shift_ok, klens, tmp_lse);
+        detail::attend_and_merge(ring.get(), ws, detail::rows_of(qsrc, q0, qs.count),
+                                 detail::rows_of(kv.first, k0, ks.count), detail::rows_of(kv.second, k0, ks.count),
+                                 enc, o, S, q0);
         ++stats.blocks_run;
         int done = 0;
         MPI_Testall(2, req, &done, MPI_STATUSES_IGNORE);  // lets the transfer progress between blocks
@@ -532,18 +578,7 @@ ring_stats ring_attention(MPI_Comm comm, view<const posenc::detail::identity_t<T
   }
 
   // Finish: normalise every row, write out (and lse).
-  for (index_t b = 0; b < B; ++b)
-    for (index_t s = 0; s < S; ++s)
-      for (index_t h = 0; h < Hq; ++h) {
-        std::size_t const row = static_cast<std::size_t>((b * S + s) * Hq + h);
-        double const l = acc.l[row];
-        double const* const o = acc.o.data() + row * static_cast<std::size_t>(Dv);
-        T* const dst = out.ptr(b, s, h);
-        for (index_t d = 0; d < Dv; ++d) dst[d] = l > 0 ? static_cast<T>(o[d] / l) : T(0);
-        if (opt.lse != nullptr)
-          opt.lse[(b * Hq + h) * S + s] =
-              l > 0 ? static_cast<T>(acc.m[row] + std::log(l)) : -std::numeric_limits<T>::infinity();
-      }
+  detail::finish_rows(ws, out, opt.lse, B, S, Hq, Dv);
   stats.seconds = detail::seconds_since(t_start);
   return stats;
 }
