@@ -1,0 +1,32 @@
+# SPDX-License-Identifier: MIT
+# The core without MPI: configure SRC into BIN with MPI hidden; the core must configure,
+# posenc::distributed must be absent, and no core header may include mpi.h.
+file(REMOVE_RECURSE ${BIN})
+execute_process(COMMAND ${CMAKE_COMMAND} -S ${SRC} -B ${BIN} -G ${GENERATOR} -DCMAKE_DISABLE_FIND_PACKAGE_MPI=ON
+                        -DPOSENC_BUILD_TESTS=OFF -DPOSENC_BUILD_BENCH=OFF -DPOSENC_BUILD_EXAMPLES=OFF -DPOSENC_INSTALL=ON
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "core_without_mpi: configure failed (${rc}):\n${out}\n${err}")
+endif()
+if(NOT out MATCHES "posenc::distributed is not built")
+  message(FATAL_ERROR "core_without_mpi: the configure did not report the distributed component off:\n${out}")
+endif()
+file(READ ${BIN}/posencTargets.cmake targets)
+if(targets MATCHES "distributed|MPI::")
+  message(FATAL_ERROR "core_without_mpi: posencTargets.cmake names MPI or posenc::distributed")
+endif()
+if(EXISTS ${BIN}/posencDistributedTargets.cmake)
+  message(FATAL_ERROR "core_without_mpi: posencDistributedTargets.cmake was written")
+endif()
+file(GLOB_RECURSE headers ${SRC}/include/posenc/*.hpp)
+foreach(h IN LISTS headers)
+  if(h MATCHES "/posenc/distributed/")
+    continue()
+  endif()
+  file(STRINGS ${h} hits REGEX "#[ \t]*include[ \t]*[<\"]mpi")
+  if(hits)
+    message(FATAL_ERROR "core_without_mpi: ${h} includes MPI: ${hits}")
+  endif()
+endforeach()
+file(REMOVE_RECURSE ${BIN})
+message("core_without_mpi: ok")
