@@ -2,6 +2,7 @@
 // attention_backward on the reference path: central differences in double for every option and every encoder.
 #include <posenc/posenc.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -461,4 +462,75 @@ TEST_CASE("backward: the example of docs/backward.md", "[backward][docs]") {
   CHECK(g.table.rows() == 32);
   CHECK(g.table.cwiseAbs().sum() > 0.0f);
   CHECK(posenc_test::all_finite(dqb));
+}
+
+TEST_CASE("backward: strided, misaligned and BHSD views give the same gradients", "[backward]") {
+  index_t const B = 2, Sq = 5, Sk = 7, Hq = 4, Hkv = 2, D = 5, Dv = 3;
+  shaw<float> sh(2, D, shaw_terms::keys, 3u, 0.3);  // value embeddings would need Dv == D
+  attention_problem<float> p(B, Sq, Sk, Hq, Hkv, D, Dv, 131);
+  p.opt.causal = true;
+  auto g1 = sh.make_gradients();
+  p.gradients(sh, g1);
+  // The same tensors in other layouts: q, dq in BHSD; k, v, dk, dv with padded
+  // rows starting one element past an aligned address.
+  auto copy_into = [](view<float> dst, view<float> src) {
+    for (index_t b = 0; b < src.batch; ++b)
+      for (index_t s = 0; s < src.seq; ++s)
+        for (index_t h = 0; h < src.heads; ++h)
+          for (index_t d = 0; d < src.dim; ++d) dst(b, s, h, d) = src(b, s, h, d);
+  };
+  auto padded = [](std::vector<float>& buf, index_t b, index_t s, index_t h, index_t d) {
+    index_t const hs = d + 3, ss = h * hs + 1, bs = s * ss + 2;
+    buf.assign(static_cast<std::size_t>(b * bs + 1), -7.0f);
+    return view<float>{buf.data() + 1, b, s, h, d, bs, ss, hs, 1};
+  };
+  std::vector<float> q2(p.q.size()), dq2(p.q.size()), out2(p.out.size()), dout2(p.dout.size()), kb, vb, dkb, dvb;
+  view<float> q = make_bhsd(q2.data(), B, Hq, Sq, D), dq = make_bhsd(dq2.data(), B, Hq, Sq, D);
+  view<float> out = make_bhsd(out2.data(), B, Hq, Sq, Dv), dout = make_bhsd(dout2.data(), B, Hq, Sq, Dv);
+  view<float> k = padded(kb, B, Sk, Hkv, D), v = padded(vb, B, Sk, Hkv, Dv);
+  view<float> dk = padded(dkb, B, Sk, Hkv, D), dv = padded(dvb, B, Sk, Hkv, Dv);
+  copy_into(q, p.vq());
+  copy_into(k, p.vk());
+  copy_into(v, p.vv());
+  copy_into(out, p.vout());
+  copy_into(dout, p.vdout());
+  auto g2 = sh.make_gradients();
+  attention_backward<path::reference>(q, k, v, out, dout, dq, dk, dv, sh, p.opt, g2);
+  bool same = true;
+  for (index_t b = 0; b < B; ++b)
+    for (index_t s = 0; s < Sk; ++s) {
+      for (index_t h = 0; h < Hq && s < Sq; ++h)
+        for (index_t d = 0; d < D; ++d) same = same && dq(b, s, h, d) == p.vdq()(b, s, h, d);
+      for (index_t h = 0; h < Hkv; ++h) {
+        for (index_t d = 0; d < D; ++d) same = same && dk(b, s, h, d) == p.vdk()(b, s, h, d);
+        for (index_t d = 0; d < Dv; ++d) same = same && dv(b, s, h, d) == p.vdv()(b, s, h, d);
+      }
+    }
+  CHECK(same);
+  CHECK(g1.key == g2.key);
+  CHECK(g1.value == g2.value);
+  // The padding between rows is never written.
+  CHECK(dkb[0] == -7.0f);
+  CHECK(dvb[0] == -7.0f);
+}
+
+TEST_CASE("backward: no query rows or no query heads give zero dk and dv", "[backward]") {
+  index_t const B = 2, Sk = 3, Hkv = 2, D = 4;
+  std::vector<double> k = posenc_test::random_vector<double>(static_cast<std::size_t>(B * Sk * Hkv * D), 141);
+  std::vector<double> v = k, dk(k.size(), 5.0), dv(k.size(), 5.0);
+  std::vector<double> q(64, 1.0), out(64, 1.0), dout(64, 1.0), dq(64, 5.0);
+  no_gradients g;
+  for (index_t sq : {0, 3}) {
+    index_t const hq = sq == 0 ? 2 : 0;  // no rows, or rows of no head
+    auto const kv = make_bshd(k.data(), B, Sk, Hkv, D);
+    auto const vv = make_bshd(v.data(), B, Sk, Hkv, D);
+    attention_backward<path::reference>(make_bshd(q.data(), B, sq, hq, D), kv, vv, make_bshd(out.data(), B, sq, hq, D),
+                                        make_bshd(dout.data(), B, sq, hq, D), make_bshd(dq.data(), B, sq, hq, D),
+                                        make_bshd(dk.data(), B, Sk, Hkv, D), make_bshd(dv.data(), B, Sk, Hkv, D),
+                                        none{}, attention_options<double>{}, g);
+    CHECK(std::all_of(dk.begin(), dk.end(), [](double x) { return x == 0.0; }));
+    CHECK(std::all_of(dv.begin(), dv.end(), [](double x) { return x == 0.0; }));
+    std::fill(dk.begin(), dk.end(), 5.0);
+    std::fill(dv.begin(), dv.end(), 5.0);
+  }
 }

@@ -2,6 +2,7 @@
 // path::reference backward: scalar gradients of attention with double accumulation, the oracle of every other path.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -45,7 +46,8 @@ void reference_attention_backward(attention_plan<T> const& p, backward_views<T> 
     std::vector<Acc> dq_acc(static_cast<std::size_t>(D));
     std::vector<T> tmp(sk), prob_t(sk), dp_t(sk), ds_t(sk), dout_t(static_cast<std::size_t>(Dv)),
         dq_t(static_cast<std::size_t>(D));
-    for (index_t h = hk * p.group; h < (hk + 1) * p.group; ++h) {
+    index_t const h_end = std::min((hk + 1) * p.group, p.q_heads);  // no query head at all: dk = dv = 0
+    for (index_t h = hk * p.group; h < h_end; ++h) {
       for (index_t i = 0; i < Sq; ++i) {
         T const* qi = io.q.ptr(b, i, h);
         T const* doi = io.dout.ptr(b, i, h);
