@@ -27,6 +27,9 @@
 #include "posenc/encoding/transformer_xl.hpp"
 
 #include "posenc/attention/attention.hpp"
+#include "posenc/attention/backward.hpp"
+#include "posenc/attention/backward/plan.hpp"
+#include "posenc/attention/backward/reference.hpp"
 #include "posenc/attention/fused.hpp"
 #include "posenc/attention/kv_cache.hpp"
 #include "posenc/attention/materialized.hpp"

@@ -357,10 +357,10 @@ void check_distances(char const* w, index_t limit, view<const T> q, view<const T
 }
 
 /// Validates every argument of posenc::attention; throws posenc::error before any write.
+/// `w` names the caller in messages (attention_backward validates its forward arguments here too).
 template <class T, class E>
 void validate(view<const T> q, view<const T> k, view<const T> v, view<T> out, E const& enc,
-              attention_options<T> const& opt) {
-  char const* w = "posenc::attention";
+              attention_options<T> const& opt, char const* w = "posenc::attention") {
   (void)enc;
   check_view(w, "q", q);
   check_view(w, "k", k);
@@ -526,8 +526,8 @@ void validate(view<const T> q, view<const T> k, view<const T> v, view<T> out, E 
 /// validate() and resolve the defaults into a plan.
 template <class T, class E>
 attention_plan<T> make_plan(view<const T> q, view<const T> k, view<const T> v, view<T> out,
-                            E const& enc, attention_options<T> const& opt) {
-  validate(q, k, v, out, enc, opt);
+                            E const& enc, attention_options<T> const& opt, char const* where = "posenc::attention") {
+  validate(q, k, v, out, enc, opt, where);
   attention_plan<T> p;
   p.batch = q.batch;
   p.q_len = q.seq;

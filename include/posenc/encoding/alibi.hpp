@@ -2,6 +2,7 @@
 // ALiBi (Press et al. 2022): a per-head linear bias of the query-key distance, four forms.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <type_traits>
 #include <utility>
@@ -213,6 +214,53 @@ class alibi {
   void add_bias(index_t head, index_t q_pos, index_t k_pos_first, span<T> out) const {
     check_call("posenc::alibi::add_bias", head, q_pos, k_pos_first, out.size());
     bias_row(head, q_pos, k_pos_first, out.size(), out.data());
+  }
+
+  // --- backward (hooks documented in posenc/encoding/traits.hpp) -----------
+
+  /// Gradient of the served heads' slopes, for models that learn them. Empty
+  /// (the default, and make_gradients()): the slopes are fixed and nothing is
+  /// computed; `heads()` values (make_gradients(true)): d(slope_h) = sum over
+  /// the pairs of head h of d(bias) * distance, where distance is the bias at
+  /// slope 1 of the form (paper k - q, key_only k, shifted k - (L - 1),
+  /// symmetric -|k - q|).
+  struct gradients {
+    std::vector<T> slopes;
+    void set_zero() { std::fill(slopes.begin(), slopes.end(), T(0)); }
+    gradients& operator+=(gradients const& o) {
+      for (std::size_t h = 0; h < slopes.size() && h < o.slopes.size(); ++h) slopes[h] += o.slopes[h];
+      return *this;
+    }
+  };
+  /// No slope gradients unless `learn_slopes` (then heads() zeros).
+  gradients make_gradients(bool learn_slopes = false) const {
+    return {learn_slopes ? std::vector<T>(static_cast<std::size_t>(heads_), T(0)) : std::vector<T>{}};
+  }
+  /// Throws unless g.slopes is empty or has heads() values.
+  void check_gradients(char const* where, gradients const& g) const {
+    auto const n = static_cast<index_t>(g.slopes.size());
+    detail::require(n == 0 || n == heads_, where, "grads.slopes has ", n, " values, expected 0 (fixed slopes) or ",
+                    heads_, " (heads)");
+  }
+  /// Hook: g.slopes[head] += sum_j dbias[j] * distance(q_pos, k_pos_first + j)
+  /// (summed in double in order of j); nothing when g.slopes is empty. Unchecked.
+  void bias_row_backward(index_t head, index_t q_pos, index_t k_pos_first, index_t count, T const* dbias,
+                         gradients& g) const noexcept {
+    POSENC_ASSERT(head >= 0 && head < heads_, "alibi::bias_row_backward: head out of range");
+    if (g.slopes.empty() || count <= 0) return;
+    double acc = 0;
+    for (index_t j = 0; j < count; ++j) {
+      index_t const kp = k_pos_first + j;
+      index_t dist = 0;
+      switch (form_) {
+        case alibi_form::paper: dist = kp - q_pos; break;
+        case alibi_form::key_only: dist = kp; break;
+        case alibi_form::shifted: dist = kp - (key_length_ - 1); break;
+        case alibi_form::symmetric: dist = kp < q_pos ? kp - q_pos : q_pos - kp; break;
+      }
+      acc += static_cast<double>(dbias[j]) * static_cast<double>(dist);
+    }
+    g.slopes[static_cast<std::size_t>(head)] += static_cast<T>(acc);
   }
 
  private:

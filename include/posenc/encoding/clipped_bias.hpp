@@ -106,6 +106,35 @@ class clipped_bias {
     bias_row(head, q_pos, k_pos_first, out.size(), out.data());
   }
 
+  // --- backward (hooks documented in posenc/encoding/traits.hpp) -----------
+
+  /// Gradient of the table: `table(clipped distance + K, head)`, shaped like
+  /// the table the constructor takes, (2K + 1, heads).
+  struct gradients {
+    table_type table;
+    void set_zero() { table.setZero(); }
+    gradients& operator+=(gradients const& o) {
+      table += o.table;
+      return *this;
+    }
+  };
+  /// Zeros of shape (2K + 1, heads).
+  gradients make_gradients() const { return {table_type::Zero(2 * k_ + 1, heads_)}; }
+  /// Throws unless g.table is (2K + 1, heads).
+  void check_gradients(char const* where, gradients const& g) const {
+    detail::require(g.table.rows() == 2 * k_ + 1 && g.table.cols() == heads_, where, "grads.table shape is (",
+                    g.table.rows(), ", ", g.table.cols(), "), expected (", 2 * k_ + 1, ", ", heads_,
+                    ") (2 * max_distance + 1, heads)");
+  }
+  /// Hook: g.table(clip(k_pos_first + j - q_pos, -K, K) + K, head) += dbias[j],
+  /// j in [0, count), in order of j. Unchecked.
+  void bias_row_backward(index_t head, index_t q_pos, index_t k_pos_first, index_t count, T const* dbias,
+                         gradients& g) const noexcept {
+    POSENC_ASSERT(head >= 0 && head < heads_, "clipped_bias::bias_row_backward: head out of range");
+    index_t const d0 = k_pos_first - q_pos;
+    for (index_t j = 0; j < count; ++j) g.table(detail::rel::clip_distance(d0 + j, k_) + k_, head) += dbias[j];
+  }
+
  private:
   void check_params(char const* where) const {
     detail::require(k_ >= 0, where, "max_distance is ", k_, ", expected >= 0");

@@ -126,7 +126,105 @@ class compose {
     return d;
   }
 
+  // --- backward (hooks documented in posenc/encoding/traits.hpp) -----------
+
+  /// The parts' gradients, one per part in order (`no_gradients` for a part
+  /// without parameters): `grads.get<I>()` is part I's.
+  struct gradients {
+    std::tuple<encoder_gradients_t<E>...> parts;
+    template <std::size_t I>
+    auto& get() noexcept {
+      return std::get<I>(parts);
+    }
+    template <std::size_t I>
+    auto const& get() const noexcept {
+      return std::get<I>(parts);
+    }
+    void set_zero() {
+      std::apply([](auto&... g) { (g.set_zero(), ...); }, parts);
+    }
+    gradients& operator+=(gradients const& o) {
+      add(o, std::index_sequence_for<E...>{});
+      return *this;
+    }
+
+   private:
+    template <std::size_t... I>
+    void add(gradients const& o, std::index_sequence<I...>) {
+      ((std::get<I>(parts) += std::get<I>(o.parts)), ...);
+    }
+  };
+
+  /// Each part's make_gradients(), in order.
+  gradients make_gradients() const {
+    return std::apply([](auto const&... p) { return gradients{{posenc::make_gradients(p)...}}; }, parts_);
+  }
+  /// Each part's check_gradients.
+  void check_gradients(char const* where, gradients const& g) const {
+    for_each_indexed([&](auto const& p, auto i) { detail::check_encoder_gradients(where, p, g.template get<decltype(i)::value>()); });
+  }
+
+  /// Gradients of the additive parts, each into its own slot.
+  template <class T>
+  void add_to_backward(token_view<const T> dx, position_span pos, gradients& g) const {
+    for_each_indexed([&](auto const& p, auto i) {
+      if constexpr (adds_to_embeddings_v<std::decay_t<decltype(p)>>) p.add_to_backward(dx, pos, g.template get<decltype(i)::value>());
+    });
+  }
+
+  /// The transpose of rotate: each rotating part's transpose, last part first.
+  template <class T>
+  void rotate_transpose(view<T> x, position_span pos, index_t length) const {
+    reverse_transpose(x, pos, length, std::index_sequence_for<E...>{});
+  }
+
+  template <class T>
+  void bias_row_backward(index_t head, index_t q_pos, index_t k_pos_first, index_t count, T const* dbias,
+                         gradients& g) const noexcept {
+    for_each_indexed([&](auto const& p, auto i) {
+      if constexpr (biases_scores_v<std::decay_t<decltype(p)>>)
+        p.bias_row_backward(head, q_pos, k_pos_first, count, dbias, g.template get<decltype(i)::value>());
+    });
+  }
+
+  template <class T>
+  void score_row_backward(T const* q, index_t q_pos, index_t k_pos_first, index_t count, T scale, T const* dscore,
+                          T* dq, gradients& g) const noexcept {
+    for_each_indexed([&](auto const& p, auto i) {
+      if constexpr (relative_key_value_v<std::decay_t<decltype(p)>>)
+        p.score_row_backward(q, q_pos, k_pos_first, count, scale, dscore, dq, g.template get<decltype(i)::value>());
+    });
+  }
+
+  template <class T>
+  void value_row_backward(T const* prob, T const* dout, index_t q_pos, index_t k_pos_first, index_t count, T* dp,
+                          gradients& g) const noexcept {
+    for_each_indexed([&](auto const& p, auto i) {
+      if constexpr (relative_key_value_v<std::decay_t<decltype(p)>>) {
+        if (p.has_values()) p.value_row_backward(prob, dout, q_pos, k_pos_first, count, dp, g.template get<decltype(i)::value>());
+      }
+    });
+  }
+
  private:
+  template <class F, std::size_t... I>
+  void for_each_indexed_impl(F& f, std::index_sequence<I...>) const {
+    (f(std::get<I>(parts_), std::integral_constant<std::size_t, I>{}), ...);
+  }
+  /// f(part, integral_constant<I>) for each part in order.
+  template <class F>
+  void for_each_indexed(F&& f) const {
+    for_each_indexed_impl(f, std::index_sequence_for<E...>{});
+  }
+  template <class T, std::size_t... I>
+  void reverse_transpose(view<T> x, position_span pos, index_t length, std::index_sequence<I...>) const {
+    constexpr std::size_t n = sizeof...(E);
+    auto one = [&](auto const& p) {
+      if constexpr (rotates_queries_keys_v<std::decay_t<decltype(p)>>) p.rotate_transpose(x, pos, length);
+    };
+    (one(std::get<n - 1 - I>(parts_)), ...);
+  }
+
   static index_t pick(index_t a, index_t b) noexcept {
     if (a == 0) return b;
     if (b == 0) return a;
@@ -153,6 +251,16 @@ struct encoder_traits<compose<E...>> {
 };
 
 namespace detail {
+/// compose<E...> has its backward when every part has its own.
+template <class... E, class T>
+struct encoder_backward<compose<E...>, T> {
+  static constexpr backward_problem problem = [] {
+    backward_problem first = backward_problem::none;
+    ((first = first != backward_problem::none ? first : encoder_backward_problem<E, T>()), ...);
+    return first;
+  }();
+};
+
 /// compose<E...> keeps the encoder contract when every part keeps it for its
 /// own traits; the first part that does not names the problem.
 template <class... E, class T>

@@ -16,6 +16,7 @@
 #include <initializer_list>
 #include <random>
 #include <type_traits>
+#include <vector>
 
 #include "posenc/core/aligned_buffer.hpp"
 #include "posenc/core/checked.hpp"
@@ -171,6 +172,57 @@ class learned {
     for (index_t b = 0; b < x.batch; ++b) {
       for (index_t s = 0; s < x.seq; ++s) {
         detail::add_scaled_row(x.ptr(b, s), data_ + (pos.at(b, s) + offset_) * d_, d_, x_scale);
+      }
+    }
+  }
+
+  // --- backward (hooks documented in posenc/encoding/traits.hpp) -----------
+
+  /// Gradient of the table, row-major (rows, d_model) like table(): reserved
+  /// rows included (a padding row read at position -1 gets its gradient too).
+  struct gradients {
+    std::vector<T> table;
+    void set_zero() { std::fill(table.begin(), table.end(), T(0)); }
+    gradients& operator+=(gradients const& o) {
+      for (std::size_t i = 0; i < table.size() && i < o.table.size(); ++i) table[i] += o.table[i];
+      return *this;
+    }
+  };
+  /// Zeros of rows() x d_model().
+  gradients make_gradients() const { return {std::vector<T>(static_cast<std::size_t>(rows_ * d_), T(0))}; }
+  /// Throws unless g.table has rows() x d_model() values.
+  void check_gradients(char const* where, gradients const& g) const {
+    auto const n = static_cast<index_t>(g.table.size());
+    detail::require(n == rows_ * d_, where, "grads.table has ", n, " values, expected ", rows_ * d_, " (rows ", rows_,
+                    " x d_model ", d_, ")");
+  }
+
+  /// Backward of add_to: g.table[pos(b, s) + offset, :] += dx[b, s, :] for
+  /// every token, batch entry by batch entry, token by token (a fixed order:
+  /// the same bits every run). The positions are those given to add_to
+  /// (offset spans, per-batch offsets, ids from positions_from_mask or
+  /// fairseq_positions). d(x) passes through unchanged (times x_scale when
+  /// add_to scaled x). Checks dx, g and every position first (throws
+  /// posenc::error, g untouched).
+  void add_to_backward(token_view<const T> dx, position_span pos, gradients& g) const {
+    constexpr char const* where = "posenc::learned::add_to_backward";
+    detail::check_view(where, "dx", dx);
+    detail::check_equal(where, "dx.dim", dx.dim, d_, "d_model");
+    check_gradients(where, g);
+    pos.validate_shape(where, "positions", dx.batch, dx.seq);
+    for (index_t b = 0; b < dx.batch; ++b) {
+      for (index_t s = 0; s < dx.seq; ++s) {
+        index_t const p = pos.at(b, s);
+        if (p < -offset_ || p >= rows_ - offset_) {
+          detail::fail(where, "position of batch ", b, " token ", s, " is ", p, ", expected in [", -offset_, ", ",
+                       rows_ - offset_, ") (table length ", rows_, ", offset ", offset_, ")");
+        }
+      }
+    }
+    for (index_t b = 0; b < dx.batch; ++b) {
+      for (index_t s = 0; s < dx.seq; ++s) {
+        T* row = g.table.data() + (pos.at(b, s) + offset_) * d_;
+        detail::add_scaled_row(row, dx.ptr(b, s), d_, T(1));
       }
     }
   }

@@ -530,6 +530,18 @@ class rope {
     run("posenc::rope::rotate_inverse", x, x, nullptr, pos, nullptr, true);
   }
 
+  /// The transposed rotation, in place: x = R(pos)^T x (angle -phi, times a^2
+  /// relative to rotate_inverse, where a is the attention factor). It maps the
+  /// gradient of a rotated vector to the gradient of the vector before the
+  /// rotation: the backward hook of rotate (posenc/encoding/traits.hpp).
+  /// Frequencies are not trained. Same arguments and checks as rotate.
+  void rotate_transpose(view<T> x, position_span pos, index_t length) const {
+    run("posenc::rope::rotate_transpose", x, x, nullptr, pos, &length, true, false, true);
+  }
+  void rotate_transpose(view<T> x, position_span pos) const {
+    run("posenc::rope::rotate_transpose", x, x, nullptr, pos, nullptr, true, false, true);
+  }
+
   // --- rotation with caller-supplied cos/sin ----------------------------
 
   /// In place with a cache indexed by position id (rows must exceed the largest id).
@@ -551,6 +563,15 @@ class rope {
   }
   void rotate_inverse(view<T> x, rope_cache<T> const& cache) const {
     run("posenc::rope::rotate_inverse", x, x, &cache, position_span(0), nullptr, true, true);
+  }
+  /// The transposed rotation with a caller cache (values as given): the
+  /// gradient of the input of rotate(x, pos, cache) from that of its output.
+  void rotate_transpose(view<T> x, position_span pos, rope_cache<T> const& cache) const {
+    run("posenc::rope::rotate_transpose", x, x, &cache, pos, nullptr, true, false, true);
+  }
+  /// The transposed rotation with a per-token cache (batch, seq, rotary_dim / 2).
+  void rotate_transpose(view<T> x, rope_cache<T> const& cache) const {
+    run("posenc::rope::rotate_transpose", x, x, &cache, position_span(0), nullptr, true, true, true);
   }
 
  private:
@@ -658,8 +679,9 @@ class rope {
   }
 
   /// `per_token_call`: the overload without positions (a per-token cache is expected).
+  /// `transpose` (with `inverse`): R^T, the inverse without its division by a^2.
   void run(char const* where, view<const T> in, view<T> out, rope_cache<T> const* cache, position_span pos,
-           index_t const* length, bool inverse, bool per_token_call = false) const {
+           index_t const* length, bool inverse, bool per_token_call = false, bool transpose = false) const {
     bool const copy = static_cast<void const*>(in.data) != static_cast<void const*>(out.data);
     check_x(where, copy ? "in" : "x", in);
     if (copy) {
@@ -669,7 +691,7 @@ class rope {
       detail::check_equal(where, "out.heads", out.heads, in.heads, "in.heads");
     }
     io const ios[1] = {{in, out}};
-    dispatch(where, ios, 1, cache, per_token_call, pos, length, inverse);
+    dispatch(where, ios, 1, cache, per_token_call, pos, length, inverse, transpose);
   }
 
   void run_qk(char const* where, view<T> q, view<T> k, position_span pos, index_t const* length) const {
@@ -682,7 +704,7 @@ class rope {
   }
 
   void dispatch(char const* where, io const* ios, int n_io, rope_cache<T> const* cache, bool per_token,
-                position_span pos, index_t const* length, bool inverse) const {
+                position_span pos, index_t const* length, bool inverse, bool transpose = false) const {
     index_t const batch = ios[0].in.batch, seq = ios[0].in.seq;
     if (!per_token) check_positions(where, pos, batch, seq, length);
     if (cache) check_cache(where, *cache, pos, batch, seq, !per_token);
@@ -706,8 +728,9 @@ class rope {
     index_t const table_rows = (table_rows_ > 0 && f == table_freqs_) ? table_rows_ : 0;
     T const* const table = table_.data();
     index_t const rl = row_len();
-    // The inverse divides by a^2: the rows carry the attention factor a.
-    T const g = static_cast<T>(1.0 / (f.attention_factor * f.attention_factor));
+    // The inverse divides by a^2: the rows carry the attention factor a. The
+    // transpose does not.
+    T const g = transpose ? T(1) : static_cast<T>(1.0 / (f.attention_factor * f.attention_factor));
     run_rows(ios, n_io, batch, seq, inverse, g, [&](index_t b, index_t s, T* scr) noexcept {
       index_t const p = pos.at(b, s);
       if (p < table_rows) return split(table + p * rl);

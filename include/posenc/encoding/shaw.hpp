@@ -168,6 +168,76 @@ class shaw {
     value_row(p.data(), q_pos, k_pos_first, p.size(), out.data());
   }
 
+  // --- backward (hooks documented in posenc/encoding/traits.hpp) -----------
+
+  /// Gradients of aK and aV per relative distance, shaped like the tables the
+  /// constructor takes: `key` (2K + 1, head_dim); `value` the same, or empty
+  /// (0 x 0) when the encoder has no value embeddings.
+  struct gradients {
+    table_type key, value;
+    void set_zero() {
+      key.setZero();
+      value.setZero();
+    }
+    gradients& operator+=(gradients const& o) {
+      key += o.key;
+      value += o.value;
+      return *this;
+    }
+  };
+  /// Zeros of the tables' shapes.
+  gradients make_gradients() const {
+    index_t const rows = 2 * k_ + 1;
+    return {table_type::Zero(rows, head_dim_), has_values() ? table_type::Zero(rows, head_dim_) : table_type()};
+  }
+  /// Throws unless g's tables have the shapes make_gradients() gives.
+  void check_gradients(char const* where, gradients const& g) const {
+    index_t const rows = 2 * k_ + 1, vr = has_values() ? rows : 0, vc = has_values() ? head_dim_ : 0;
+    detail::require(g.key.rows() == rows && g.key.cols() == head_dim_, where, "grads.key shape is (", g.key.rows(),
+                    ", ", g.key.cols(), "), expected (", rows, ", ", head_dim_, ") (2 * max_distance + 1, head_dim)");
+    detail::require(g.value.rows() == vr && g.value.cols() == vc, where, "grads.value shape is (", g.value.rows(),
+                    ", ", g.value.cols(), "), expected (", vr, ", ", vc, ")",
+                    has_values() ? " (2 * max_distance + 1, head_dim)" : " (no value embeddings)");
+  }
+
+  /// Hook, the transpose of score_row: for j in [0, count), with r the row of
+  /// key k_pos_first + j and ds = scale * dscore[j]: dq[0..head_dim) += ds * aK[r]
+  /// and g.key.row(r) += ds * q. Unchecked.
+  void score_row_backward(T const* q, index_t q_pos, index_t k_pos_first, index_t count, T scale, T const* dscore,
+                          T* dq, gradients& g) const noexcept {
+    index_t const d0 = k_pos_first - q_pos;
+    for (index_t j = 0; j < count; ++j) {
+      index_t const r = detail::rel::clip_distance(d0 + j, k_) + k_;
+      T const ds = scale * dscore[j];
+      T const* ak = ak_.data() + r * head_dim_;
+      T* gk = g.key.data() + r * head_dim_;  // row-major
+      for (index_t c = 0; c < head_dim_; ++c) {
+        dq[c] += ds * ak[c];
+        gk[c] += ds * q[c];
+      }
+    }
+  }
+
+  /// Hook, the transpose of value_row: for j in [0, count), with r the row of
+  /// key k_pos_first + j: dp[j] += dout . aV[r] and g.value.row(r) += p[j] * dout.
+  /// Does nothing without value embeddings. Unchecked.
+  void value_row_backward(T const* p, T const* dout, index_t q_pos, index_t k_pos_first, index_t count, T* dp,
+                          gradients& g) const noexcept {
+    if (av_.empty()) return;
+    index_t const d0 = k_pos_first - q_pos;
+    for (index_t j = 0; j < count; ++j) {
+      index_t const r = detail::rel::clip_distance(d0 + j, k_) + k_;
+      T const* av = av_.data() + r * head_dim_;
+      T* gv = g.value.data() + r * head_dim_;
+      T acc = T(0);
+      for (index_t c = 0; c < head_dim_; ++c) {
+        acc += dout[c] * av[c];
+        gv[c] += p[j] * dout[c];
+      }
+      dp[j] += acc;
+    }
+  }
+
  private:
   void check_k(char const* where) const {
     detail::require(k_ >= 1, where, "max_distance is ", k_, ", expected >= 1");

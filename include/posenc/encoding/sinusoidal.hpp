@@ -198,6 +198,17 @@ class sinusoidal {
     }
   }
 
+  /// Backward hook of add_to (posenc/encoding/traits.hpp): no parameters, so
+  /// nothing to add; d(x) passes through unchanged (times x_scale when add_to
+  /// scaled x). Checks its arguments as add_to does.
+  void add_to_backward(token_view<const T> dx, position_span pos, no_gradients& g) const {
+    constexpr char const* where = "posenc::sinusoidal::add_to_backward";
+    detail::check_view(where, "dx", dx);
+    detail::check_equal(where, "dx.dim", dx.dim, p_.d_model, "d_model");
+    pos.validate(where, "positions", dx.batch, dx.seq);
+    (void)g;
+  }
+
  private:
   enum class kind : unsigned char { sine, cosine, zero };
 

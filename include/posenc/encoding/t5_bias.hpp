@@ -140,6 +140,34 @@ class t5_bias {
     bias_row(head, q_pos, k_pos_first, out.size(), out.data());
   }
 
+  // --- backward (hooks documented in posenc/encoding/traits.hpp) -----------
+
+  /// Gradient of the table: `table(bucket, head)`, shaped like the table the
+  /// constructor takes, (num_buckets, heads).
+  struct gradients {
+    table_type table;
+    void set_zero() { table.setZero(); }
+    gradients& operator+=(gradients const& o) {
+      table += o.table;
+      return *this;
+    }
+  };
+  /// Zeros of shape (num_buckets, heads).
+  gradients make_gradients() const { return {table_type::Zero(p_.num_buckets, p_.heads)}; }
+  /// Throws unless g.table is (num_buckets, heads).
+  void check_gradients(char const* where, gradients const& g) const {
+    detail::require(g.table.rows() == p_.num_buckets && g.table.cols() == p_.heads, where, "grads.table shape is (",
+                    g.table.rows(), ", ", g.table.cols(), "), expected (", p_.num_buckets, ", ", p_.heads,
+                    ") (num_buckets, heads)");
+  }
+  /// Hook: g.table(bucket(k_pos_first + j - q_pos), head) += dbias[j], j in
+  /// [0, count), in order of j. Unchecked.
+  void bias_row_backward(index_t head, index_t q_pos, index_t k_pos_first, index_t count, T const* dbias,
+                         gradients& g) const noexcept {
+    POSENC_ASSERT(head >= 0 && head < p_.heads, "t5_bias::bias_row_backward: head out of range");
+    for (index_t j = 0; j < count; ++j) g.table(bucket(k_pos_first + j - q_pos), head) += dbias[j];
+  }
+
  private:
   // Bucket of distance n >= 0 on one side (before the direction offset),
   // for n <= max_distance.

@@ -60,8 +60,48 @@ namespace posenc {
 /// - `distance_columns<T> columns(index_t head) const noexcept`: its
 ///   per-head table transposed, by distance (below); the fused path then
 ///   computes the term of a whole tile as one register-tiled product.
+///
+/// Backward (training). An encoder that can be trained has optional members
+/// beside its forward hooks, in its own header; attention_backward and the
+/// module detect them (an encoder without them is forward-only, and asking for
+/// its backward is a compile error saying which one is missing):
+///
+/// | forward trait          | backward hook (T = element type, G = the encoder's gradients)       |
+/// |------------------------|---------------------------------------------------------------------|
+/// | adds_to_embeddings     | `void add_to_backward(token_view<const T> dx, position_span pos,    |
+/// |                        |   G& g) const`: adds d(parameters) of x += PE(pos); d(x) passes      |
+/// |                        |   through unchanged (validates like add_to, throws before writing)  |
+/// | rotates_queries_keys   | `void rotate_transpose(view<T> dx, position_span pos, index_t       |
+/// |                        |   length) const`: in place, dx = R(pos)^T dx (the gradient of the   |
+/// |                        |   unrotated input from that of the rotated one)                     |
+/// | biases_scores          | `void bias_row_backward(index_t head, index_t q_pos, index_t        |
+/// |                        |   k_pos_first, index_t count, T const* dbias, G& g) const noexcept` |
+/// |                        |   (adds d(parameters) of bias_row given d(bias) of each key)        |
+/// | relative_key_value     | `void score_row_backward(T const* q, index_t q_pos, index_t         |
+/// |                        |   k_pos_first, index_t count, T scale, T const* dscore, T* dq, G& g)|
+/// |                        |   const noexcept` (dq[0..head_dim) += d(score_row)/dq, g += its     |
+/// |                        |   parameter part) and `void value_row_backward(T const* p, T const* |
+/// |                        |   dout, index_t q_pos, index_t k_pos_first, index_t count, T* dp,   |
+/// |                        |   G& g) const noexcept` (dp[j] += dout . aV(k_pos_j - q_pos), g +=  |
+/// |                        |   p[j] dout at that row; nothing without value embeddings)          |
+///
+/// The parameter gradients: `E::gradients` (default `no_gradients` when E has
+/// none), `G make_gradients() const` (zeros of the right shape; default `G{}`)
+/// and `void check_gradients(char const* where, G const& g) const` (throws
+/// posenc::error when g does not fit the encoder; default: nothing to check).
+/// G is a value type with `void set_zero()` and `G& operator+=(G const&)`
+/// (elementwise): a kernel that runs in parallel gives each task a zeroed copy
+/// of the caller's G and adds the copies into it in task order, so results do
+/// not depend on the thread count. Hooks add into g (never assign), so one G
+/// can gather the gradients of several calls.
 template <class E>
 struct encoder_traits;
+
+/// The parameter gradients of an encoder without trainable parameters.
+struct no_gradients {
+  void set_zero() noexcept {}
+  no_gradients& operator+=(no_gradients const&) noexcept { return *this; }
+};
 
 /// A per-head relative-key table by distance d = p_i - p_j, transposed:
 /// the term of (q, d) is bias[zero + d] + sum_t q[t] * keys[t * stride + zero + d],
@@ -168,6 +208,122 @@ bool rotation_reserved(E const& enc, index_t length) {
     return (void)enc, (void)length, false;
 }
 }  // namespace detail
+
+/// @name Backward hooks and parameter gradients (see the table at encoder_traits)
+/// @{
+namespace detail {
+template <class E, class = void>
+struct encoder_gradients {
+  using type = no_gradients;
+};
+template <class E>
+struct encoder_gradients<E, std::void_t<typename E::gradients>> {
+  using type = typename E::gradients;
+};
+
+template <class E, class = void>
+struct has_make_gradients : std::false_type {};
+template <class E>
+struct has_make_gradients<E, std::void_t<decltype(std::declval<E const&>().make_gradients())>> : std::true_type {};
+
+template <class E, class G, class = void>
+struct has_check_gradients : std::false_type {};
+template <class E, class G>
+struct has_check_gradients<E, G, std::void_t<decltype(std::declval<E const&>().check_gradients(
+                                     std::declval<char const*>(), std::declval<G const&>()))>> : std::true_type {};
+}  // namespace detail
+
+/// The type that holds encoder E's parameter gradients (`no_gradients` when E has none).
+template <class E>
+using encoder_gradients_t = typename detail::encoder_gradients<std::remove_cv_t<E>>::type;
+
+/// Zeroed parameter gradients for `enc`: enc.make_gradients() when E has it, else {}.
+template <class E>
+encoder_gradients_t<E> make_gradients(E const& enc) {
+  if constexpr (detail::has_make_gradients<E>::value)
+    return enc.make_gradients();
+  else
+    return (void)enc, encoder_gradients_t<E>{};
+}
+
+namespace detail {
+/// enc.check_gradients(where, g) when E has it (throws when g does not fit enc).
+template <class E>
+void check_encoder_gradients(char const* where, E const& enc, encoder_gradients_t<E> const& g) {
+  if constexpr (has_check_gradients<E, encoder_gradients_t<E>>::value)
+    enc.check_gradients(where, g);
+  else
+    (void)where, (void)enc, (void)g;
+}
+
+template <class E, class T, class = void>
+struct has_add_to_backward_hook : std::false_type {};
+template <class E, class T>
+struct has_add_to_backward_hook<
+    E, T,
+    std::void_t<decltype(std::declval<E const&>().add_to_backward(
+        std::declval<token_view<const T>>(), std::declval<position_span>(), std::declval<encoder_gradients_t<E>&>()))>>
+    : std::true_type {};
+
+template <class E, class T, class = void>
+struct has_rotate_transpose_hook : std::false_type {};
+template <class E, class T>
+struct has_rotate_transpose_hook<E, T, std::void_t<decltype(std::declval<E const&>().rotate_transpose(
+                                           std::declval<view<T>>(), std::declval<position_span>(), index_t{}))>>
+    : std::true_type {};
+
+template <class E, class T, class = void>
+struct has_bias_row_backward_hook : std::false_type {};
+template <class E, class T>
+struct has_bias_row_backward_hook<
+    E, T,
+    std::void_t<decltype(std::declval<E const&>().bias_row_backward(
+        index_t{}, index_t{}, index_t{}, index_t{}, std::declval<T const*>(), std::declval<encoder_gradients_t<E>&>()))>>
+    : std::true_type {};
+
+template <class E, class T, class = void>
+struct has_relative_key_value_backward_hooks : std::false_type {};
+template <class E, class T>
+struct has_relative_key_value_backward_hooks<
+    E, T,
+    std::void_t<decltype(std::declval<E const&>().score_row_backward(
+                    std::declval<T const*>(), index_t{}, index_t{}, index_t{}, std::declval<T>(),
+                    std::declval<T const*>(), std::declval<T*>(), std::declval<encoder_gradients_t<E>&>())),
+                decltype(std::declval<E const&>().value_row_backward(
+                    std::declval<T const*>(), std::declval<T const*>(), index_t{}, index_t{}, index_t{},
+                    std::declval<T*>(), std::declval<encoder_gradients_t<E>&>()))>> : std::true_type {};
+
+/// The first backward hook encoder E lacks for element type T, for the places its traits say it acts.
+enum class backward_problem { none, add_to_backward, rotate_transpose, bias_row_backward, relative_key_value_backward };
+
+/// Checks encoder E (with encoder_traits) for its backward hooks; compose.hpp
+/// specializes it to check every part.
+template <class E, class T>
+struct encoder_backward {
+  using traits = encoder_traits<E>;
+  static constexpr backward_problem problem =
+      traits::adds_to_embeddings && !has_add_to_backward_hook<E, T>::value ? backward_problem::add_to_backward
+      : traits::rotates_queries_keys && !has_rotate_transpose_hook<E, T>::value ? backward_problem::rotate_transpose
+      : traits::biases_scores && !has_bias_row_backward_hook<E, T>::value ? backward_problem::bias_row_backward
+      : traits::relative_key_value && !has_relative_key_value_backward_hooks<E, T>::value
+          ? backward_problem::relative_key_value_backward
+          : backward_problem::none;
+};
+
+/// encoder_backward<E, T>::problem; `none` for a type without encoder_traits.
+template <class E, class T>
+constexpr backward_problem encoder_backward_problem() {
+  if constexpr (has_encoder_traits<std::remove_cv_t<E>>::value)
+    return encoder_backward<std::remove_cv_t<E>, std::remove_cv_t<T>>::problem;
+  else
+    return backward_problem::none;
+}
+}  // namespace detail
+
+/// True when encoder E has every backward hook its traits call for, for element type T.
+template <class E, class T>
+inline constexpr bool has_backward_v = detail::encoder_backward_problem<E, T>() == detail::backward_problem::none;
+/// @}
 
 /// @name The encoder contract, checked where an encoder enters the library
 ///

@@ -1,0 +1,142 @@
+// SPDX-License-Identifier: MIT
+// posenc::attention_backward: gradients of attention and of the encoder's parameters; checks and path dispatch.
+#pragma once
+
+#include <type_traits>
+
+#include "posenc/attention/attention.hpp"
+#include "posenc/attention/backward/plan.hpp"
+#include "posenc/attention/backward/reference.hpp"
+#include "posenc/attention/options.hpp"
+#include "posenc/attention/plan.hpp"
+#include "posenc/core/aligned_buffer.hpp"
+#include "posenc/core/view.hpp"
+#include "posenc/encoding/traits.hpp"
+// Further backward paths specialize detail::backward_kernel<Path> in attention/backward/; include them here.
+
+namespace posenc {
+namespace detail {
+
+/// The backward path that runs for tag `Path`: path::best picks the fused
+/// path once it has a backward pass, else the reference one.
+template <class Path, class D>
+struct backward_path {
+  using type = Path;
+};
+template <class D>
+struct backward_path<path::best, D> {
+  using type = std::conditional_t<backward_kernel<typename dependent_path<path::fused, D>::type>::available,
+                                  path::fused, path::reference>;
+};
+
+/// Validates, rotates q and k when the encoder rotates, runs the path, and
+/// rotates dq and dk back (the transposed rotation).
+template <class Path, class T, class E>
+void run_attention_backward(view<const T> q, view<const T> k, view<const T> v, view<const T> out,
+                            view<const T> dout, view<T> dq, view<T> dk, view<T> dv, E const& enc,
+                            attention_options<T> const& opt, encoder_gradients_t<E>& grads) {
+  using P = typename backward_path<Path, E>::type;
+  using K = backward_kernel<P>;
+  char const* const w = "posenc::attention_backward";
+  // make_plan validates the forward arguments; out is only read (const_cast for the shared check).
+  view<T> const out_checked{const_cast<T*>(out.data), out.batch,        out.seq,        out.heads,      out.dim,
+                            out.batch_stride,         out.seq_stride,   out.head_stride, out.dim_stride};
+  attention_plan<T> plan = make_plan(q, k, v, out_checked, enc, opt, w);
+  validate_backward(w, q, k, v, out, dout, dq, dk, dv, enc, opt, grads, K::needs_lse);
+  plan.lse = opt.lse;  // an input here: the forward pass's log-sum-exp
+
+  backward_views<T> io{q, k, v, out, dout, dq, dk, dv};
+  if constexpr (encoder_traits<E>::rotates_queries_keys) {
+    rotation_plan const rot = plan_rotation<false>(plan, enc, opt.keys_rotated);
+    if (rot.route == rotation_route::copies && plan.batch > 0 && plan.q_len > 0 && plan.q_heads > 0) {
+      // Copies first (any error of the encoder is thrown here, before a write).
+      aligned_buffer<T> qbuf, kbuf;
+      io.q = rotated_copy(q, qbuf, enc, rot.q_ids.data(), rot.length);
+      if (!rot.k_ids.empty()) io.k = rotated_copy(k, kbuf, enc, rot.k_ids.data(), rot.length);
+      K::run(plan, io, enc, grads);
+      enc.rotate_transpose(dq, position_span::ids(rot.q_ids.data(), plan.batch, plan.q_len), rot.length);
+      if (!rot.k_ids.empty())
+        enc.rotate_transpose(dk, position_span::ids(rot.k_ids.data(), plan.batch, plan.k_len), rot.length);
+      return;
+    }
+  }
+  K::run(plan, io, enc, grads);
+}
+
+}  // namespace detail
+
+/// Gradients of posenc::attention (docs/backward.md): given the forward
+/// pass's inputs, its output `out` and the gradient `dout` of a loss with
+/// respect to out, writes the gradients dq, dk, dv of that loss with respect
+/// to q, k, v, and adds the gradients of the encoder's parameters into
+/// `grads`. Every option of the forward pass is honoured as it was there (the
+/// same `opt`); masked and invisible pairs pass no gradient, and rows with no
+/// visible key give zero gradients, never NaN.
+///
+/// - Rotating encoders (RoPE): q and k are rotated as in the forward pass and
+///   dq, dk rotated back by the transposed rotation; with `opt.keys_rotated`,
+///   dk is the gradient with respect to the given (rotated) keys.
+/// - GQA: dk and dv of a kv head sum the gradients of every query head of its group.
+/// - `opt.lse`, when set, is read (not written): the forward pass's
+///   log-sum-exp, from which the probabilities are recomputed; when null the
+///   path recomputes it (paths with `needs_lse` require it).
+/// - `opt.scores` must be null.
+///
+/// @tparam Path path::reference (scalar, double accumulation: the oracle), or
+///         path::best (the fastest path with a backward pass: today the
+///         reference one). path::fused and path::materialized have none yet
+///         (a compile error says so).
+/// @param q, k, v, out, opt  as given to (and returned by) posenc::attention
+/// @param dout (batch, Sq, Hq, Dv): gradient with respect to out
+/// @param dq, dk, dv  written: shapes of q, k, v; no byte shared with any input or each other
+/// @param enc  the forward pass's encoder; it needs the backward hooks of
+///        posenc/encoding/traits.hpp for the places it acts
+/// @param grads  the encoder's parameter gradients, added into (start from
+///        posenc::make_gradients(enc)); `no_gradients` for encoders without parameters
+/// @throws posenc::error on any bad argument, before anything is written.
+template <class Path = path::best, class T, class E>
+void attention_backward(view<const detail::identity_t<T>> q, view<const detail::identity_t<T>> k,
+                        view<const detail::identity_t<T>> v, view<const detail::identity_t<T>> out,
+                        view<const detail::identity_t<T>> dout, view<T> dq, view<detail::identity_t<T>> dk,
+                        view<detail::identity_t<T>> dv, E const& enc, attention_options<detail::identity_t<T>> const& opt,
+                        encoder_gradients_t<E>& grads) {
+  if constexpr (!has_encoder_traits_v<E>) {
+    static_assert(detail::dependent_false_v<E>,
+                  "posenc::attention_backward: E is not an encoder; specialize posenc::encoder_traits<E> "
+                  "(see posenc/encoding/traits.hpp)");
+  } else {
+    static_assert(!encoder_traits<E>::adds_to_embeddings,
+                  "posenc::attention_backward: this encoder adds to embeddings, which the attention kernel "
+                  "cannot reach; call its add_to_backward() with the gradient of the embeddings");
+    static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
+                  "posenc::attention_backward: T must be float or double");
+    static_assert(keeps_encoder_contract_v<E, T>,
+                  "posenc::attention_backward: the encoder does not keep the encoder contract for the views' "
+                  "element type; call posenc::attention with it for the precise message");
+    constexpr detail::backward_problem problem = detail::encoder_backward_problem<E, T>();
+    static_assert(problem != detail::backward_problem::rotate_transpose,
+                  "posenc::attention_backward: the encoder rotates q and k but has no "
+                  "`rotate_transpose(view<T>, position_span, index_t) const`; it is usable forward only");
+    static_assert(problem != detail::backward_problem::bias_row_backward,
+                  "posenc::attention_backward: the encoder biases scores but has no `bias_row_backward(index_t, "
+                  "index_t, index_t, index_t, T const*, gradients&) const`; it is usable forward only");
+    static_assert(problem != detail::backward_problem::relative_key_value_backward,
+                  "posenc::attention_backward: the encoder adds relative key/value terms but lacks "
+                  "`score_row_backward` or `value_row_backward` (see posenc/encoding/traits.hpp); it is usable "
+                  "forward only");
+    using P = typename detail::backward_path<Path, E>::type;
+    static_assert(!std::is_same_v<P, path::best>, "posenc::attention_backward: unreachable");
+    if constexpr (!encoder_traits<E>::adds_to_embeddings && keeps_encoder_contract_v<E, T> &&
+                  problem == detail::backward_problem::none) {
+      if constexpr (!detail::backward_kernel<P>::available) {
+        static_assert(detail::dependent_false_v<E>,
+                      "posenc::attention_backward: this path has no backward pass yet; use path::reference "
+                      "(or path::best, which picks the fastest path that has one)");
+      } else {
+        detail::run_attention_backward<P>(q, k, v, out, dout, dq, dk, dv, enc, opt, grads);
+      }
+    }
+  }
+}
+
+}  // namespace posenc

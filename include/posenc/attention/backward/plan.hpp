@@ -1,0 +1,190 @@
+// SPDX-License-Identifier: MIT
+// What every backward path shares: the gradient views, their validation, the encoder's backward terms, the dispatcher.
+#pragma once
+
+// API (namespace posenc::detail) used by every kernel behind posenc::attention_backward:
+//
+//   backward_views<T>                     q, k, v, out, dout (read) and dq, dk, dv (written);
+//                                         q and k as the kernel sees them (rotated copies
+//                                         when the encoder rotates, see below)
+//   validate_backward(...)                every argument of attention_backward; throws
+//                                         posenc::error ("posenc::attention_backward: <arg>
+//                                         is <value>, expected <what>") before anything is written
+//   encoder_bias_backward, encoder_score_backward, encoder_value_backward
+//                                         the encoder's backward hooks over the key runs of
+//                                         one query row, as encoder_terms / encoder_values
+//                                         call the forward hooks
+//   backward_kernel<Path>                 dispatcher; the primary template has `available =
+//                                         false` and a run() that static_asserts. A path
+//                                         specializes it with
+//       static constexpr bool available = true;
+//       static constexpr bool needs_lse;            // opt.lse must be given
+//       template <class T, class E>
+//       static void run(attention_plan<T> const&, backward_views<T> const&, E const& enc,
+//                       encoder_gradients_t<E>& grads);
+//     `run` writes every element of dq, dk and dv (zeros where no gradient flows) as
+//     gradients with respect to the q and k it is given (the entry point applies the
+//     encoder's rotate_transpose afterwards), and adds the encoder's parameter gradients
+//     into grads (zeroed per-task copies added in task order: the same bits for any
+//     thread count). plan.lse, when non-null, holds the forward log-sum-exp (input).
+//
+// Gradients (docs/backward.md): with P = softmax(s) of the forward pass,
+//   dV_j += P_ij dO_i;  dP_ij = dO_i . (V_j + aV(j - i));  dS_ij = P_ij (dP_ij - dO_i . O_i);
+//   d(bias)_ij = dS_ij;  d(raw)_ij = dS_ij (1 - tanh^2(raw_ij / c)) under softcap c, else dS_ij;
+//   dQ_i += scale sum_j d(raw)_ij (K_j + aK(j - i));  dK_j += scale d(raw)_ij Q_i.
+// Masked and invisible pairs have P = 0 and pass no gradient; rows with no visible key give zeros.
+
+#include <limits>
+#include <type_traits>
+
+#include "posenc/attention/options.hpp"
+#include "posenc/attention/plan.hpp"
+#include "posenc/core/error.hpp"
+#include "posenc/core/overlap.hpp"
+#include "posenc/core/view.hpp"
+#include "posenc/encoding/traits.hpp"
+
+namespace posenc::detail {
+
+/// The tensors of one backward call, (batch, seq, head, dim) each.
+template <class T>
+struct backward_views {
+  view<const T> q, k, v;  // as the kernel sees them (rotated when the encoder rotates)
+  view<const T> out;      // forward output (batch, Sq, Hq, Dv)
+  view<const T> dout;     // its gradient, same shape
+  view<T> dq, dk, dv;     // written: shapes of q, k, v
+};
+
+/// Requires view `g` (named `name`) to have the extents of `x` (named `x_name`).
+template <class G, class X>
+void check_same_shape(char const* where, char const* name, view<G> const& g, char const* x_name, view<X> const& x) {
+  check_view(where, name, g);
+  auto one = [&](char const* dim, index_t got, index_t want) {
+    require(got == want, where, name, ".", dim, " is ", got, ", expected ", want, " (", x_name, ".", dim, ")");
+  };
+  one("batch", g.batch, x.batch);
+  one("seq", g.seq, x.seq);
+  one("heads", g.heads, x.heads);
+  one("dim", g.dim, x.dim);
+}
+
+/// Validates the arguments of attention_backward beyond those of the forward
+/// pass (make_plan checks those): shapes of dout, dq, dk, dv; no output shares
+/// a byte with an input or another output; no scores output; out is not q
+/// (the forward pass ran in place, q is gone); the encoder's gradients fit it;
+/// the given lse holds finite values or -inf; `needs_lse`: it is given.
+template <class T, class E>
+void validate_backward(char const* w, view<const T> q, view<const T> k, view<const T> v, view<const T> out,
+                       view<const T> dout, view<T> dq, view<T> dk, view<T> dv, E const& enc,
+                       attention_options<T> const& opt, encoder_gradients_t<E> const& grads, bool needs_lse) {
+  require(opt.scores == nullptr, w, "scores is set, expected null (the backward pass has no scores output)");
+  check_same_shape(w, "dout", dout, "out", out);
+  check_same_shape(w, "dq", dq, "q", q);
+  check_same_shape(w, "dk", dk, "k", k);
+  check_same_shape(w, "dv", dv, "v", v);
+  require(!(out.data == q.data && out.data != nullptr && !out.empty()), w,
+          "out is q (same data), expected the forward output in its own buffer (a forward pass run in place "
+          "overwrote q, which the gradients need)");
+  check_encoder_gradients(w, enc, grads);
+  index_t const rows = q.batch * q.heads * q.seq;  // fits: a partial product of q's checked element count
+  require(!needs_lse || opt.lse != nullptr || rows == 0, w,
+          "lse is null, expected the forward pass's log-sum-exp (q.batch x q.heads x q.seq = ", rows,
+          " values; this path does not recompute it)");
+  if (opt.lse) {
+    for (index_t r = 0; r < rows; ++r) {
+      T const x = opt.lse[r];
+      require(!(x != x) && x != std::numeric_limits<T>::infinity(), w, "lse[", r, "] is ", x,
+              ", expected a finite value or -inf (the forward pass's log-sum-exp)");
+    }
+  }
+  // Aliasing: the kernels read q, k, v, out, dout, the masks and lse while they write dq, dk, dv.
+  auto mask_bytes = [](auto const& m, std::size_t bytes) {
+    index_t const ext[3] = {m.batch, m.heads, m.q}, str[3] = {m.batch_stride, m.head_stride, m.q_stride};
+    return make_byte_set(m.data, bytes, 3, ext, str, m.k);
+  };
+  byte_set const in_sets[8] = {bytes_of(q),   bytes_of(k),
+                               bytes_of(v),   bytes_of(out),
+                               bytes_of(dout), mask_bytes(opt.mask, sizeof(T)),
+                               mask_bytes(opt.bool_mask, sizeof(bool)),
+                               bytes_of(static_cast<T const*>(opt.lse), rows)};
+  char const* const in_names[8] = {"q", "k", "v", "out", "dout", "mask", "bool_mask", "lse"};
+  byte_set const out_sets[3] = {bytes_of(dq), bytes_of(dk), bytes_of(dv)};
+  char const* const out_names[3] = {"dq", "dk", "dv"};
+  for (int o = 0; o < 3; ++o) {
+    require(!overlaps_itself(out_sets[o]), w, out_names[o], " has elements that overlap each other, expected a ",
+            "layout whose rows do not overlap");
+    for (int i = 0; i < 8; ++i) {
+      require(!overlaps(out_sets[o], in_sets[i]), w, out_names[o], " is at bytes ", byte_range(out_sets[o]),
+              " and overlaps ", in_names[i], " at ", byte_range(in_sets[i]), ", expected no shared memory");
+    }
+    for (int o2 = 0; o2 < o; ++o2) {
+      require(!overlaps(out_sets[o], out_sets[o2]), w, out_names[o], " is at bytes ", byte_range(out_sets[o]),
+              " and overlaps ", out_names[o2], " at ", byte_range(out_sets[o2]), ", expected no shared memory");
+    }
+  }
+}
+
+/// The encoder's bias_row_backward for keys j0 .. j0 + n - 1 of (b, h, i),
+/// given d(bias) of each key in dbias[n]. Rows at a negative position (no
+/// visible key) add nothing.
+template <class T, class E>
+void encoder_bias_backward(attention_plan<T> const& plan, E const& enc, index_t b, index_t h, index_t i, index_t j0,
+                           index_t n, T const* dbias, encoder_gradients_t<E>& g) noexcept {
+  if constexpr (encoder_traits<E>::biases_scores) {
+    index_t const pi = plan.q_position(b, i);
+    if (pi < 0) return;
+    for_each_key_run(plan, b, j0, n, [&](index_t kp, index_t t0, index_t len) {
+      enc.bias_row_backward(h, pi, kp, len, dbias + t0, g);
+    });
+  } else {
+    (void)plan, (void)enc, (void)b, (void)h, (void)i, (void)j0, (void)n, (void)dbias, (void)g;
+  }
+}
+
+/// The encoder's score_row_backward (Shaw's q . aK term) for keys j0 .. j0 + n - 1
+/// of (b, i): dq_row += its d/dq, g += its parameter part, given d(raw score) in dscore[n].
+template <class T, class E>
+void encoder_score_backward(attention_plan<T> const& plan, E const& enc, T const* q_row, index_t b, index_t i,
+                            index_t j0, index_t n, T const* dscore, T* dq_row, encoder_gradients_t<E>& g) noexcept {
+  if constexpr (encoder_traits<E>::relative_key_value) {
+    index_t const pi = plan.q_position(b, i);
+    if (pi < 0) return;
+    T const sc = static_cast<T>(plan.scale);
+    for_each_key_run(plan, b, j0, n, [&](index_t kp, index_t t0, index_t len) {
+      enc.score_row_backward(q_row, pi, kp, len, sc, dscore + t0, dq_row, g);
+    });
+  } else {
+    (void)plan, (void)enc, (void)q_row, (void)b, (void)i, (void)j0, (void)n, (void)dscore, (void)dq_row, (void)g;
+  }
+}
+
+/// The encoder's value_row_backward (Shaw's aV term) for keys j0 .. j0 + n - 1
+/// of (b, i): dp[t] += dout_row . aV(key t), g += p[t] dout_row per row.
+template <class T, class E>
+void encoder_value_backward(attention_plan<T> const& plan, E const& enc, T const* prob, T const* dout_row, index_t b,
+                            index_t i, index_t j0, index_t n, T* dp, encoder_gradients_t<E>& g) noexcept {
+  if constexpr (encoder_traits<E>::relative_key_value) {
+    index_t const pi = plan.q_position(b, i);
+    if (pi < 0 || !enc.has_values()) return;
+    for_each_key_run(plan, b, j0, n, [&](index_t kp, index_t t0, index_t len) {
+      enc.value_row_backward(prob + t0, dout_row, pi, kp, len, dp + t0, g);
+    });
+  } else {
+    (void)plan, (void)enc, (void)prob, (void)dout_row, (void)b, (void)i, (void)j0, (void)n, (void)dp, (void)g;
+  }
+}
+
+/// Dispatcher over path tags for the backward pass (see the API at the top).
+template <class Path>
+struct backward_kernel {
+  static constexpr bool available = false;
+  static constexpr bool needs_lse = false;
+  template <class T, class E>
+  static void run(attention_plan<T> const&, backward_views<T> const&, E const&, encoder_gradients_t<E>&) {
+    static_assert(dependent_false_v<E>,
+                  "posenc::attention_backward: this path has no backward pass yet; use path::reference "
+                  "(or path::best, which picks the fastest path that has one)");
+  }
+};
+
+}  // namespace posenc::detail

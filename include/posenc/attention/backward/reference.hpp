@@ -1,0 +1,174 @@
+// SPDX-License-Identifier: MIT
+// path::reference backward: scalar gradients of attention with double accumulation, the oracle of every other path.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "posenc/attention/backward/plan.hpp"
+#include "posenc/attention/plan.hpp"
+#include "posenc/core/threading.hpp"
+
+namespace posenc::detail {
+
+/// Scalar attention backward following the formulas at the top of
+/// backward/plan.hpp row by row. Scores, probabilities, dP and the sums into
+/// dq, dk and dv accumulate in `Acc` (double for path::reference; float gives
+/// the "plain float implementation" of the tests' tolerance rule). Encoder
+/// hooks work in T. The probabilities come from plan.lse when given, else
+/// from the row's own maximum and sum, as the forward pass computes them.
+///
+/// Tasks are (batch entry, kv head): each owns the dk and dv rows of its kv
+/// head and the dq rows of the query heads of its group, and a zeroed copy
+/// of the encoder gradients, added into `grads` in task order afterwards. So
+/// the result is the same, bit for bit, for every thread count.
+template <class Acc, class T, class E>
+void reference_attention_backward(attention_plan<T> const& p, backward_views<T> const& io, E const& enc,
+                                  encoder_gradients_t<E>& grads) {
+  using traits = encoder_traits<E>;
+  using G = encoder_gradients_t<E>;
+  index_t const Sq = p.q_len, Sk = p.k_len, D = p.head_dim, Dv = p.value_dim;
+  Acc const scale = static_cast<Acc>(p.scale);
+  Acc const cap = static_cast<Acc>(p.softcap);
+  Acc const ninf = -std::numeric_limits<Acc>::infinity();
+  index_t const tasks = p.batch * p.kv_heads;
+  std::vector<G> local(static_cast<std::size_t>(tasks), grads);
+  for (G& g : local) g.set_zero();
+
+  parallel_for(tasks, p.threads, [&](index_t task) {
+    index_t const b = task / p.kv_heads, hk = task % p.kv_heads;
+    G& g = local[static_cast<std::size_t>(task)];
+    auto const sk = static_cast<std::size_t>(Sk);
+    std::vector<Acc> s(sk), th(sk), prob(sk), dp(sk);
+    std::vector<Acc> dk_acc(sk * static_cast<std::size_t>(D), Acc(0)), dv_acc(sk * static_cast<std::size_t>(Dv), Acc(0));
+    std::vector<Acc> dq_acc(static_cast<std::size_t>(D));
+    std::vector<T> tmp(sk), prob_t(sk), dp_t(sk), ds_t(sk), dout_t(static_cast<std::size_t>(Dv)),
+        dq_t(static_cast<std::size_t>(D));
+    index_t const h_end = std::min((hk + 1) * p.group, p.q_heads);  // no query head at all: dk = dv = 0
+    for (index_t h = hk * p.group; h < h_end; ++h) {
+      for (index_t i = 0; i < Sq; ++i) {
+        T const* qi = io.q.ptr(b, i, h);
+        T const* doi = io.dout.ptr(b, i, h);
+        T* dqi = io.dq.ptr(b, i, h);
+        // Scores as the forward pass forms them (raw, softcapped, biased and masked).
+        for (index_t j = 0; j < Sk; ++j) {
+          T const* kj = io.k.ptr(b, j, hk);
+          Acc dot = 0;
+          for (index_t d = 0; d < D; ++d) dot += static_cast<Acc>(qi[d]) * static_cast<Acc>(kj[d]);
+          s[static_cast<std::size_t>(j)] = scale * dot;
+        }
+        if constexpr (traits::relative_key_value) {
+          encoder_terms<score_term::shaw>(p, enc, qi, b, h, i, 0, Sk, tmp.data());
+          for (index_t j = 0; j < Sk; ++j) s[static_cast<std::size_t>(j)] += static_cast<Acc>(tmp[static_cast<std::size_t>(j)]);
+        }
+        if (cap > 0) {
+          for (std::size_t j = 0; j < sk; ++j) {
+            th[j] = std::tanh(s[j] / cap);
+            s[j] = cap * th[j];
+          }
+        }
+        if constexpr (traits::biases_scores) {
+          encoder_terms<score_term::bias>(p, enc, qi, b, h, i, 0, Sk, tmp.data());
+          for (index_t j = 0; j < Sk; ++j) s[static_cast<std::size_t>(j)] += static_cast<Acc>(tmp[static_cast<std::size_t>(j)]);
+        }
+        apply_masks(p, b, h, i, 0, Sk, s.data());
+
+        // Probabilities: from the given log-sum-exp, or max and sum of the row.
+        Acc m = ninf;
+        for (std::size_t j = 0; j < sk; ++j) m = s[j] > m ? s[j] : m;
+        Acc lse = ninf;
+        if (m != ninf) {
+          if (p.lse) {
+            lse = static_cast<Acc>(p.lse[(b * p.q_heads + h) * Sq + i]);
+          } else {
+            Acc sum = 0;
+            for (std::size_t j = 0; j < sk; ++j) sum += s[j] == ninf ? Acc(0) : std::exp(s[j] - m);
+            lse = m + std::log(sum);
+          }
+        }
+        if (lse == ninf) {  // no visible key: no gradient (docs/formulas.md 5.4)
+          for (index_t d = 0; d < D; ++d) dqi[d] = T(0);
+          continue;
+        }
+        for (std::size_t j = 0; j < sk; ++j) prob[j] = s[j] == ninf ? Acc(0) : std::exp(s[j] - lse);
+
+        // dP = dO . V (+ dO . aV), and the row's dO . O as sum_j P dP.
+        for (index_t j = 0; j < Sk; ++j) {
+          Acc acc = 0;
+          if (prob[static_cast<std::size_t>(j)] != 0) {
+            T const* vj = io.v.ptr(b, j, hk);
+            for (index_t d = 0; d < Dv; ++d) acc += static_cast<Acc>(doi[d]) * static_cast<Acc>(vj[d]);
+          }
+          dp[static_cast<std::size_t>(j)] = acc;
+        }
+        if constexpr (traits::relative_key_value) {
+          for (std::size_t j = 0; j < sk; ++j) {
+            prob_t[j] = static_cast<T>(prob[j]);
+            dp_t[j] = T(0);
+          }
+          encoder_value_backward(p, enc, prob_t.data(), doi, b, i, 0, Sk, dp_t.data(), g);
+          for (std::size_t j = 0; j < sk; ++j) dp[j] += prob[j] != 0 ? static_cast<Acc>(dp_t[j]) : Acc(0);
+        }
+        Acc row_dot = 0;
+        for (std::size_t j = 0; j < sk; ++j) row_dot += prob[j] * dp[j];
+
+        // dS, the encoder's bias gradient, then through the softcap to the raw score.
+        for (std::size_t j = 0; j < sk; ++j) {
+          Acc ds = prob[j] * (dp[j] - row_dot);
+          s[j] = ds;  // s now holds dS
+          ds_t[j] = static_cast<T>(ds);
+        }
+        if constexpr (traits::biases_scores) encoder_bias_backward(p, enc, b, h, i, 0, Sk, ds_t.data(), g);
+        if (cap > 0) {
+          for (std::size_t j = 0; j < sk; ++j) s[j] *= Acc(1) - th[j] * th[j];
+        }
+
+        // dq, dk, dv of the row.
+        for (index_t d = 0; d < D; ++d) dq_acc[static_cast<std::size_t>(d)] = 0;
+        for (index_t j = 0; j < Sk; ++j) {
+          Acc const gj = s[static_cast<std::size_t>(j)], pj = prob[static_cast<std::size_t>(j)];
+          if (pj == 0) continue;  // invisible, masked or underflowed: no gradient
+          T const* kj = io.k.ptr(b, j, hk);
+          Acc* dkj = dk_acc.data() + j * D;
+          Acc* dvj = dv_acc.data() + j * Dv;
+          for (index_t d = 0; d < D; ++d) {
+            dq_acc[static_cast<std::size_t>(d)] += gj * static_cast<Acc>(kj[d]);
+            dkj[d] += scale * gj * static_cast<Acc>(qi[d]);
+          }
+          for (index_t d = 0; d < Dv; ++d) dvj[d] += pj * static_cast<Acc>(doi[d]);
+        }
+        for (index_t d = 0; d < D; ++d) dq_acc[static_cast<std::size_t>(d)] *= scale;
+        if constexpr (traits::relative_key_value) {
+          for (std::size_t j = 0; j < sk; ++j) tmp[j] = prob[j] != 0 ? static_cast<T>(s[j]) : T(0);
+          for (index_t d = 0; d < D; ++d) dq_t[static_cast<std::size_t>(d)] = T(0);
+          encoder_score_backward(p, enc, qi, b, i, 0, Sk, tmp.data(), dq_t.data(), g);
+          for (index_t d = 0; d < D; ++d) dq_acc[static_cast<std::size_t>(d)] += static_cast<Acc>(dq_t[static_cast<std::size_t>(d)]);
+        }
+        for (index_t d = 0; d < D; ++d) dqi[d] = static_cast<T>(dq_acc[static_cast<std::size_t>(d)]);
+      }
+    }
+    for (index_t j = 0; j < Sk; ++j) {
+      T* dkj = io.dk.ptr(b, j, hk);
+      T* dvj = io.dv.ptr(b, j, hk);
+      for (index_t d = 0; d < D; ++d) dkj[d] = static_cast<T>(dk_acc[static_cast<std::size_t>(j * D + d)]);
+      for (index_t d = 0; d < Dv; ++d) dvj[d] = static_cast<T>(dv_acc[static_cast<std::size_t>(j * Dv + d)]);
+    }
+  });
+  for (G const& g : local) grads += g;
+}
+
+/// path::reference backward: the double-accumulating oracle.
+template <>
+struct backward_kernel<path::reference> {
+  static constexpr bool available = true;
+  static constexpr bool needs_lse = false;
+  template <class T, class E>
+  static void run(attention_plan<T> const& p, backward_views<T> const& io, E const& enc,
+                  encoder_gradients_t<E>& grads) {
+    reference_attention_backward<double>(p, io, enc, grads);
+  }
+};
+
+}  // namespace posenc::detail

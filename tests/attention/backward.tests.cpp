@@ -1,0 +1,536 @@
+// SPDX-License-Identifier: MIT
+// attention_backward on the reference path: central differences in double for every option and every encoder.
+#include <posenc/posenc.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "support/backward_check.hpp"
+#include "support/catch.hpp"
+
+using namespace posenc;
+using posenc_test::attention_problem;
+using posenc_test::central_differences;
+using posenc_test::check_input_gradients;
+using posenc_test::fd_report;
+
+namespace {
+
+using table = relative_table<double>;
+Eigen::Map<const table> as_table(std::vector<double> const& v, index_t rows, index_t cols) {
+  return Eigen::Map<const table>(v.data(), rows, cols);
+}
+std::vector<double> flat(table const& t) { return std::vector<double>(t.data(), t.data() + t.size()); }
+
+}  // namespace
+
+TEST_CASE("backward: central differences of dq, dk, dv for every option", "[backward]") {
+  none enc;
+  no_gradients g;
+  SECTION("defaults") {
+    attention_problem<double> p(2, 5, 5, 2, 2, 4, 4, 11);
+    auto r = check_input_gradients(p, enc, g);
+    INFO(r.describe());
+    CHECK(r.ok());
+  }
+  SECTION("scale") {
+    attention_problem<double> p(1, 4, 6, 2, 2, 3, 3, 12);
+    p.opt.scale = 1.7;
+    auto r = check_input_gradients(p, enc, g);
+    INFO(r.describe());
+    CHECK(r.ok());
+  }
+  SECTION("causal, Sq < Sk (bottom-right)") {
+    attention_problem<double> p(2, 3, 7, 2, 2, 4, 4, 13);
+    p.opt.causal = true;
+    auto r = check_input_gradients(p, enc, g);
+    INFO(r.describe());
+    CHECK(r.ok());
+  }
+  SECTION("sliding window") {
+    attention_problem<double> p(1, 7, 7, 2, 2, 4, 4, 14);
+    p.opt.sliding_window = 3;
+    auto r = check_input_gradients(p, enc, g);
+    INFO(r.describe());
+    CHECK(r.ok());
+  }
+  SECTION("softcap") {
+    attention_problem<double> p(1, 5, 5, 2, 2, 4, 4, 15);
+    p.opt.softcap = 0.8;
+    p.opt.scale = 2.0;  // scores near the cap: tanh' far from 1
+    auto r = check_input_gradients(p, enc, g);
+    INFO(r.describe());
+    CHECK(r.ok());
+  }
+  SECTION("GQA (4 query heads over 2 kv heads)") {
+    attention_problem<double> p(2, 4, 5, 4, 2, 3, 3, 16);
+    p.opt.causal = true;
+    auto r = check_input_gradients(p, enc, g);
+    INFO(r.describe());
+    CHECK(r.ok());
+  }
+  SECTION("Dv != D") {
+    attention_problem<double> p(1, 4, 6, 2, 1, 3, 5, 17);
+    auto r = check_input_gradients(p, enc, g);
+    INFO(r.describe());
+    CHECK(r.ok());
+  }
+  SECTION("key_lengths (padding)") {
+    attention_problem<double> p(2, 5, 5, 2, 2, 4, 4, 18);
+    std::vector<index_t> lens = {3, 5};
+    p.opt.key_lengths = lens;
+    p.opt.causal = true;
+    auto r = check_input_gradients(p, enc, g);
+    INFO(r.describe());
+    CHECK(r.ok());
+    // Padding keys get no gradient.
+    for (index_t j = 3; j < 5; ++j)
+      for (index_t h = 0; h < 2; ++h)
+        for (index_t d = 0; d < 4; ++d) {
+          CHECK(p.vdk()(0, j, h, d) == 0.0);
+          CHECK(p.vdv()(0, j, h, d) == 0.0);
+        }
+  }
+  SECTION("additive mask with -inf entries, and a fully masked row") {
+    attention_problem<double> p(1, 4, 5, 2, 2, 3, 3, 19);
+    std::vector<double> m = posenc_test::random_vector<double>(4 * 5, 99);
+    double const ninf = -std::numeric_limits<double>::infinity();
+    m[1] = ninf;
+    m[7] = ninf;
+    for (int j = 0; j < 5; ++j) m[static_cast<std::size_t>(3 * 5 + j)] = ninf;  // row 3 sees nothing
+    p.opt.mask = make_mask<double>(m.data(), 1, 1, 4, 5);
+    auto r = check_input_gradients(p, enc, g);
+    INFO(r.describe());
+    CHECK(r.ok());
+    CHECK(posenc_test::all_finite(p.dq));
+    CHECK(posenc_test::all_finite(p.dk));
+    for (index_t h = 0; h < 2; ++h)
+      for (index_t d = 0; d < 3; ++d) CHECK(p.vdq()(0, 3, h, d) == 0.0);
+  }
+  SECTION("boolean mask, per head, with a fully masked row") {
+    attention_problem<double> p(1, 4, 4, 2, 2, 3, 3, 20);
+    bool mk[2 * 4 * 4];
+    for (int t = 0; t < 32; ++t) mk[t] = (t * 7) % 3 != 0;
+    for (int j = 0; j < 4; ++j) mk[4 * 4 + 2 * 4 + j] = false;  // head 1 row 2 sees nothing
+    p.opt.bool_mask = make_mask<bool>(mk, 1, 2, 4, 4);
+    auto r = check_input_gradients(p, enc, g);
+    INFO(r.describe());
+    CHECK(r.ok());
+    for (index_t d = 0; d < 3; ++d) CHECK(p.vdq()(0, 2, 1, d) == 0.0);
+    CHECK(posenc_test::all_finite(p.dk));
+  }
+}
+
+TEST_CASE("backward: positions and position-dependent encoders", "[backward]") {
+  t5_bias<double> t5(t5_bias_params{2, true, 8, 20}, 7u, 0.5);
+  auto g = make_gradients(t5);
+  SECTION("query offset") {
+    attention_problem<double> p(1, 3, 6, 2, 2, 4, 4, 21);
+    p.opt.q_positions = position_span(10);
+    p.opt.k_positions = position_span(8);
+    auto r = check_input_gradients(p, t5, g);
+    INFO(r.describe());
+    CHECK(r.ok());
+  }
+  SECTION("per-batch offsets") {
+    attention_problem<double> p(2, 3, 5, 2, 2, 4, 4, 22);
+    std::vector<index_t> firsts = {2, 0};
+    p.opt.q_positions = position_span::per_batch(firsts);
+    p.opt.causal = true;
+    auto r = check_input_gradients(p, t5, g);
+    INFO(r.describe());
+    CHECK(r.ok());
+  }
+  SECTION("explicit ids (packed sequences)") {
+    attention_problem<double> p(1, 5, 5, 2, 2, 4, 4, 23);
+    std::vector<index_t> ids = {0, 1, 2, 0, 1};
+    p.opt.q_positions = position_span::ids(ids.data(), 1, 5);
+    p.opt.k_positions = position_span::ids(ids.data(), 1, 5);
+    auto r = check_input_gradients(p, t5, g);
+    INFO(r.describe());
+    CHECK(r.ok());
+  }
+  SECTION("negative query positions under causal give zero gradients") {
+    attention_problem<double> p(1, 4, 3, 2, 2, 4, 4, 24);
+    p.opt.q_positions = position_span(-2);
+    p.opt.causal = true;
+    auto r = check_input_gradients(p, t5, g);
+    INFO(r.describe());
+    CHECK(r.ok());
+    for (index_t i = 0; i < 2; ++i)
+      for (index_t h = 0; h < 2; ++h)
+        for (index_t d = 0; d < 4; ++d) CHECK(p.vdq()(0, i, h, d) == 0.0);
+  }
+}
+
+TEST_CASE("backward: the given lse is used and agrees with the recomputed one", "[backward]") {
+  attention_problem<double> p(2, 5, 6, 2, 1, 4, 3, 25);
+  p.opt.causal = true;
+  clipped_bias<double> cb(2, 2, 5u, 0.3);
+  auto g1 = make_gradients(cb), g2 = make_gradients(cb);
+  p.gradients(cb, g1, false);
+  auto const dq = p.dq, dk = p.dk, dv = p.dv;
+  p.gradients(cb, g2, true);
+  CHECK(posenc_test::max_abs_diff(dq, p.dq) < 1e-13);
+  CHECK(posenc_test::max_abs_diff(dk, p.dk) < 1e-13);
+  CHECK(posenc_test::max_abs_diff(dv, p.dv) < 1e-13);
+  CHECK(posenc_test::max_abs_diff(flat(g1.table), flat(g2.table)) < 1e-13);
+  SECTION("a shifted lse changes the gradients: it is read") {
+    auto lse = p.lse;
+    for (auto& x : lse) x += 0.5;
+    attention_options<double> o = p.opt;
+    o.lse = lse.data();
+    auto g3 = make_gradients(cb);
+    attention_backward<path::reference>(p.vq(), p.vk(), p.vv(), p.vout(), p.vdout(), p.vdq(), p.vdk(), p.vdv(), cb,
+                                        o, g3);
+    CHECK(posenc_test::max_abs_diff(dv, p.dv) > 1e-3);
+  }
+}
+
+TEST_CASE("backward: bias encoders' table gradients by central differences", "[backward]") {
+  index_t const H = 2;
+  SECTION("T5 buckets, bidirectional and causal") {
+    for (bool bi : {true, false}) {
+      t5_bias_params tp{H, bi, 8, 12};
+      std::vector<double> theta = posenc_test::random_vector<double>(static_cast<std::size_t>(8 * H), 31, -0.5, 0.5);
+      auto make = [&] { return t5_bias<double>(tp, as_table(theta, 8, H)); };
+      attention_problem<double> p(2, 6, 9, H, H, 3, 3, 32);
+      p.opt.causal = !bi;
+      p.opt.q_positions = position_span(3);  // keys on both sides, far ones in log buckets
+      auto enc = make();
+      auto g = make_gradients(enc);
+      fd_report r = check_input_gradients(p, enc, g);
+      central_differences(r, "d(table)", theta, flat(g.table), [&] { return p.loss(make()); });
+      INFO((bi ? "bidirectional: " : "causal: ") << r.describe());
+      CHECK(r.ok());
+    }
+  }
+  SECTION("clipped relative bias, with softcap and GQA") {
+    index_t const K = 2;
+    std::vector<double> theta = posenc_test::random_vector<double>(static_cast<std::size_t>((2 * K + 1) * 4), 33);
+    auto make = [&] { return clipped_bias<double>(K, 4, as_table(theta, 2 * K + 1, 4)); };
+    attention_problem<double> p(1, 6, 6, 4, 2, 3, 3, 34);
+    p.opt.softcap = 1.5;
+    auto enc = make();
+    auto g = make_gradients(enc);
+    fd_report r = check_input_gradients(p, enc, g);
+    central_differences(r, "d(table)", theta, flat(g.table), [&] { return p.loss(make()); });
+    INFO(r.describe());
+    CHECK(r.ok());
+  }
+  SECTION("ALiBi: every form, slopes learned") {
+    for (alibi_form form : {alibi_form::paper, alibi_form::key_only, alibi_form::shifted, alibi_form::symmetric}) {
+      std::vector<double> slopes = {0.3, 0.11};
+      index_t const L = form == alibi_form::shifted ? 7 : 0;
+      auto make = [&] { return alibi<double>(form, H, span<const double>(slopes.data(), H), L); };
+      attention_problem<double> p(1, 5, 7, H, H, 3, 3, 35);
+      p.opt.causal = form != alibi_form::symmetric;
+      auto enc = make();
+      auto g = enc.make_gradients(true);
+      fd_report r = check_input_gradients(p, enc, g);
+      central_differences(r, "d(slopes)", slopes, g.slopes, [&] { return p.loss(make()); });
+      INFO("form " << static_cast<int>(form) << ": " << r.describe());
+      CHECK(r.ok());
+    }
+  }
+  SECTION("ALiBi slopes stay fixed unless asked") {
+    alibi<double> enc(alibi_form::paper, H);
+    auto g = make_gradients(enc);
+    attention_problem<double> p(1, 4, 4, H, H, 3, 3, 36);
+    p.gradients(enc, g);
+    CHECK(g.slopes.empty());
+  }
+}
+
+TEST_CASE("backward: Shaw's key and value embeddings by central differences", "[backward]") {
+  index_t const K = 2, D = 3;
+  for (bool values : {false, true}) {
+    std::vector<double> ak = posenc_test::random_vector<double>(static_cast<std::size_t>((2 * K + 1) * D), 41);
+    std::vector<double> av = posenc_test::random_vector<double>(static_cast<std::size_t>((2 * K + 1) * D), 42);
+    auto make = [&] {
+      return values ? shaw<double>(K, as_table(ak, 2 * K + 1, D), as_table(av, 2 * K + 1, D))
+                    : shaw<double>(K, as_table(ak, 2 * K + 1, D));
+    };
+    attention_problem<double> p(2, 5, 6, 2, 1, D, D, 43);
+    p.opt.causal = true;
+    p.opt.softcap = 2.0;
+    auto enc = make();
+    auto g = make_gradients(enc);
+    fd_report r = check_input_gradients(p, enc, g);
+    central_differences(r, "d(aK)", ak, flat(g.key), [&] { return p.loss(make()); });
+    if (values) central_differences(r, "d(aV)", av, flat(g.value), [&] { return p.loss(make()); });
+    INFO((values ? "keys and values: " : "keys: ") << r.describe());
+    CHECK(r.ok());
+    CHECK(g.value.size() == (values ? (2 * K + 1) * D : 0));
+  }
+}
+
+TEST_CASE("backward: RoPE, every scaling and layout, partial rotary, by central differences", "[backward]") {
+  index_t const D = 8;
+  struct rope_case {
+    char const* name;
+    rope_scaling scaling;
+    index_t rotary_dim;
+  };
+  std::vector<rope_case> cases = {
+      {"none", rope_scaling::none(), D},
+      {"partial rotary", rope_scaling::none(), 4},
+      {"linear", rope_scaling::linear(4.0), D},
+      {"dynamic NTK past its length", rope_scaling::dynamic_ntk(2.0, 4), D},
+      {"YaRN (attention factor)", rope_scaling::yarn(4.0, 4), D},
+      {"Llama 3", rope_scaling::llama3(8.0, 1.0, 4.0, 4), D},
+      {"LongRoPE long factors", rope_scaling::longrope({1.0, 1.5, 2.0, 3.0}, {2.0, 3.0, 5.0, 8.0}, 4, 32), D},
+  };
+  for (auto const& c : cases) {
+    for (rope_layout layout : {rope_layout::half_split, rope_layout::interleaved}) {
+      rope_options o;
+      o.rotary_dim = c.rotary_dim;
+      o.scaling = c.scaling;
+      o.base = 100.0;
+      rope<double> enc(layout, D, o);
+      no_gradients g;
+      attention_problem<double> p(1, 5, 7, 2, 1, D, 3, 51);
+      p.opt.causal = true;
+      auto r = check_input_gradients(p, enc, g);
+      INFO(c.name << (layout == rope_layout::half_split ? " half-split: " : " interleaved: ") << r.describe());
+      CHECK(r.ok());
+    }
+  }
+}
+
+TEST_CASE("backward: keys_rotated gives the gradient of the given rotated keys", "[backward]") {
+  rope<double> enc(rope_layout::half_split, 4);
+  attention_problem<double> p(1, 3, 5, 2, 2, 4, 4, 52);
+  // Rotate the keys as a cache would hold them.
+  enc.rotate(p.vk(), position_span(0), 5);
+  p.opt.keys_rotated = true;
+  no_gradients g;
+  auto r = check_input_gradients(p, enc, g);
+  INFO(r.describe());
+  CHECK(r.ok());
+}
+
+TEST_CASE("backward: compose sums its parts' gradients", "[backward]") {
+  index_t const H = 2, D = 4, K = 1;
+  std::vector<double> t5t = posenc_test::random_vector<double>(8 * H, 61, -0.5, 0.5);
+  std::vector<double> ak = posenc_test::random_vector<double>(static_cast<std::size_t>((2 * K + 1) * D), 62);
+  std::vector<double> slopes = {0.2, 0.05};
+  t5_bias_params tp{H, true, 8, 12};
+  auto make = [&] {
+    return compose<rope<double>, t5_bias<double>, alibi<double>, shaw<double>>(
+        rope<double>(rope_layout::interleaved, D), t5_bias<double>(tp, as_table(t5t, 8, H)),
+        alibi<double>(alibi_form::paper, H, span<const double>(slopes.data(), H)),
+        shaw<double>(K, as_table(ak, 2 * K + 1, D)));
+  };
+  auto enc = make();
+  auto g = enc.make_gradients();
+  g.get<2>() = enc.get<2>().make_gradients(true);
+  attention_problem<double> p(1, 5, 5, H, H, D, D, 63);
+  fd_report r = check_input_gradients(p, enc, g);
+  central_differences(r, "d(t5)", t5t, flat(g.get<1>().table), [&] { return p.loss(make()); });
+  central_differences(r, "d(slopes)", slopes, g.get<2>().slopes, [&] { return p.loss(make()); });
+  central_differences(r, "d(aK)", ak, flat(g.get<3>().key), [&] { return p.loss(make()); });
+  INFO(r.describe());
+  CHECK(r.ok());
+}
+
+TEST_CASE("backward: absolute encoders through attention (learned scatter-add, sinusoidal pass-through)",
+          "[backward]") {
+  // x (batch, seq, d_model = heads * head_dim) + PE(pos), then q = k = v = x
+  // split into heads: the loss depends on the table through every position read.
+  index_t const B = 2, S = 4, H = 2, D = 3, dm = H * D, rows = 9, offset = 2;
+  std::vector<double> x0 = posenc_test::random_vector<double>(static_cast<std::size_t>(B * S * dm), 71);
+  std::vector<double> dout = posenc_test::random_vector<double>(x0.size(), 72);
+  std::vector<double> table = posenc_test::random_vector<double>(static_cast<std::size_t>(rows * dm), 73);
+  // OPT-style ids from a left-padded mask: padding at -1 reads row 1.
+  std::vector<int> mask = {0, 1, 1, 1, 1, 1, 1, 1};
+  std::vector<index_t> ids(static_cast<std::size_t>(B * S));
+  positions_from_mask<int>(mask, B, S, S, ids, -1);
+  position_span pos = position_span::ids(ids.data(), B, S);
+  auto run = [&](learned<double> const& enc, std::vector<double>& x, std::vector<double>& out) {
+    x = x0;
+    enc.add_to(make_bsd(x.data(), B, S, dm), pos);
+    auto xv = make_bshd(x.data(), B, S, H, D);
+    attention_options<double> o;
+    o.causal = true;
+    attention<path::reference>(xv, xv, xv, make_bshd(out.data(), B, S, H, D), none{}, o);
+  };
+  auto loss = [&] {
+    std::vector<double> x, out(x0.size());
+    run(learned<double>::view_of(table, rows, dm, offset), x, out);
+    double l = 0;
+    for (std::size_t i = 0; i < out.size(); ++i) l += dout[i] * out[i];
+    return l;
+  };
+  auto enc = learned<double>::view_of(table, rows, dm, offset);
+  std::vector<double> x, out(x0.size()), dq(x0.size()), dk(x0.size()), dv(x0.size());
+  run(enc, x, out);
+  auto xv = make_bshd(x.data(), B, S, H, D);
+  attention_options<double> o;
+  o.causal = true;
+  no_gradients ng;
+  attention_backward<path::reference>(xv, xv, xv, make_bshd(out.data(), B, S, H, D),
+                                      make_bshd(dout.data(), B, S, H, D), make_bshd(dq.data(), B, S, H, D),
+                                      make_bshd(dk.data(), B, S, H, D), make_bshd(dv.data(), B, S, H, D), none{}, o,
+                                      ng);
+  std::vector<double> dx(x0.size());
+  for (std::size_t i = 0; i < dx.size(); ++i) dx[i] = dq[i] + dk[i] + dv[i];
+  auto g = enc.make_gradients();
+  enc.add_to_backward(make_bsd(static_cast<double const*>(dx.data()), B, S, dm), pos, g);
+  fd_report r;
+  central_differences(r, "d(table)", table, g.table, loss);
+  INFO(r.describe());
+  CHECK(r.ok());
+  // Rows no position reads get nothing; the padding row (position -1 + offset 2 = row 1) gets its share.
+  for (index_t c = 0; c < dm; ++c) CHECK(g.table[static_cast<std::size_t>(0 * dm + c)] == 0.0);
+  bool row1 = false;
+  for (index_t c = 0; c < dm; ++c) row1 = row1 || g.table[static_cast<std::size_t>(1 * dm + c)] != 0.0;
+  CHECK(row1);
+
+  SECTION("sinusoidal: no parameters, the gradient of x passes through") {
+    sinusoidal<double> s(dm);
+    no_gradients sg;
+    std::vector<double> dx_copy = dx;
+    s.add_to_backward(make_bsd(static_cast<double const*>(dx.data()), B, S, dm), position_span(0), sg);
+    CHECK(dx == dx_copy);
+  }
+}
+
+TEST_CASE("backward: learned scatter-add matches an explicit loop, offsets respected, deterministic",
+          "[backward]") {
+  index_t const B = 3, S = 5, dm = 4, rows = 12;
+  auto enc = learned<float>::random(rows, dm, 5u, 2);
+  std::vector<float> dx = posenc_test::random_vector<float>(static_cast<std::size_t>(B * S * dm), 81);
+  std::vector<index_t> firsts = {0, 3, 1};
+  position_span pos = position_span::per_batch(firsts);
+  auto g = enc.make_gradients();
+  enc.add_to_backward(make_bsd(static_cast<float const*>(dx.data()), B, S, dm), pos, g);
+  std::vector<float> want(static_cast<std::size_t>(rows * dm), 0.0f);
+  for (index_t b = 0; b < B; ++b)
+    for (index_t s = 0; s < S; ++s)
+      for (index_t c = 0; c < dm; ++c)
+        want[static_cast<std::size_t>((firsts[static_cast<std::size_t>(b)] + s + 2) * dm + c)] +=
+            dx[static_cast<std::size_t>((b * S + s) * dm + c)];
+  CHECK(g.table == want);
+  auto g2 = enc.make_gradients();
+  enc.add_to_backward(make_bsd(static_cast<float const*>(dx.data()), B, S, dm), pos, g2);
+  CHECK(g2.table == g.table);
+}
+
+TEST_CASE("backward: results are bit-identical run to run and across thread counts", "[backward]") {
+  index_t const H = 4;
+  t5_bias<float> t5(t5_bias_params{H, true, 16, 40}, 9u, 0.3);
+  attention_problem<float> p(3, 17, 19, H, 2, 8, 8, 91);
+  p.opt.causal = true;
+  std::vector<std::vector<float>> results;
+  std::vector<std::vector<float>> tables;
+  for (int threads : {1, 2, 2, 1, 2}) {
+    p.opt.threads = threads;
+    auto g = make_gradients(t5);
+    p.gradients(t5, g);
+    std::vector<float> all = p.dq;
+    all.insert(all.end(), p.dk.begin(), p.dk.end());
+    all.insert(all.end(), p.dv.begin(), p.dv.end());
+    results.push_back(all);
+    tables.emplace_back(g.table.data(), g.table.data() + g.table.size());
+  }
+  for (std::size_t r = 1; r < results.size(); ++r) {
+    CHECK(results[r] == results[0]);
+    CHECK(tables[r] == tables[0]);
+  }
+}
+
+TEST_CASE("backward: the example of docs/backward.md", "[backward][docs]") {
+  index_t const heads = 2, B = 1, S = 6, D = 8;
+  std::uint64_t const seed = 7;
+  std::vector<float> qb = posenc_test::random_vector<float>(static_cast<std::size_t>(B * S * heads * D), 1);
+  std::vector<float> kb = posenc_test::random_vector<float>(qb.size(), 2), vb = posenc_test::random_vector<float>(qb.size(), 3);
+  std::vector<float> dob = posenc_test::random_vector<float>(qb.size(), 4), ob(qb.size()), dqb(qb.size()),
+      dkb(qb.size()), dvb(qb.size()), lse(static_cast<std::size_t>(B * heads * S));
+  auto at = [&](std::vector<float>& x) { return make_bshd(x.data(), B, S, heads, D); };
+  view<float> q = at(qb), k = at(kb), v = at(vb), out = at(ob), dout = at(dob), dq = at(dqb), dk = at(dkb),
+              dv = at(dvb);
+  posenc::t5_bias<float> t5(posenc::t5_bias_params{heads}, seed);
+  posenc::attention_options<float> opt;
+  opt.lse = lse.data();                            // saved by the forward pass
+  posenc::attention(q, k, v, out, t5, opt);
+  auto g = posenc::make_gradients(t5);             // g.table: (num_buckets, heads), zeros
+  posenc::attention_backward<posenc::path::reference>(q, k, v, out, dout, dq, dk, dv, t5, opt, g);
+  CHECK(g.table.rows() == 32);
+  CHECK(g.table.cwiseAbs().sum() > 0.0f);
+  CHECK(posenc_test::all_finite(dqb));
+}
+
+TEST_CASE("backward: strided, misaligned and BHSD views give the same gradients", "[backward]") {
+  index_t const B = 2, Sq = 5, Sk = 7, Hq = 4, Hkv = 2, D = 5, Dv = 3;
+  shaw<float> sh(2, D, shaw_terms::keys, 3u, 0.3);  // value embeddings would need Dv == D
+  attention_problem<float> p(B, Sq, Sk, Hq, Hkv, D, Dv, 131);
+  p.opt.causal = true;
+  auto g1 = sh.make_gradients();
+  p.gradients(sh, g1);
+  // The same tensors in other layouts: q, dq in BHSD; k, v, dk, dv with padded
+  // rows starting one element past an aligned address.
+  auto copy_into = [](view<float> dst, view<float> src) {
+    for (index_t b = 0; b < src.batch; ++b)
+      for (index_t s = 0; s < src.seq; ++s)
+        for (index_t h = 0; h < src.heads; ++h)
+          for (index_t d = 0; d < src.dim; ++d) dst(b, s, h, d) = src(b, s, h, d);
+  };
+  auto padded = [](std::vector<float>& buf, index_t b, index_t s, index_t h, index_t d) {
+    index_t const hs = d + 3, ss = h * hs + 1, bs = s * ss + 2;
+    buf.assign(static_cast<std::size_t>(b * bs + 1), -7.0f);
+    return view<float>{buf.data() + 1, b, s, h, d, bs, ss, hs, 1};
+  };
+  std::vector<float> q2(p.q.size()), dq2(p.q.size()), out2(p.out.size()), dout2(p.dout.size()), kb, vb, dkb, dvb;
+  view<float> q = make_bhsd(q2.data(), B, Hq, Sq, D), dq = make_bhsd(dq2.data(), B, Hq, Sq, D);
+  view<float> out = make_bhsd(out2.data(), B, Hq, Sq, Dv), dout = make_bhsd(dout2.data(), B, Hq, Sq, Dv);
+  view<float> k = padded(kb, B, Sk, Hkv, D), v = padded(vb, B, Sk, Hkv, Dv);
+  view<float> dk = padded(dkb, B, Sk, Hkv, D), dv = padded(dvb, B, Sk, Hkv, Dv);
+  copy_into(q, p.vq());
+  copy_into(k, p.vk());
+  copy_into(v, p.vv());
+  copy_into(out, p.vout());
+  copy_into(dout, p.vdout());
+  auto g2 = sh.make_gradients();
+  attention_backward<path::reference>(q, k, v, out, dout, dq, dk, dv, sh, p.opt, g2);
+  bool same = true;
+  for (index_t b = 0; b < B; ++b)
+    for (index_t s = 0; s < Sk; ++s) {
+      for (index_t h = 0; h < Hq && s < Sq; ++h)
+        for (index_t d = 0; d < D; ++d) same = same && dq(b, s, h, d) == p.vdq()(b, s, h, d);
+      for (index_t h = 0; h < Hkv; ++h) {
+        for (index_t d = 0; d < D; ++d) same = same && dk(b, s, h, d) == p.vdk()(b, s, h, d);
+        for (index_t d = 0; d < Dv; ++d) same = same && dv(b, s, h, d) == p.vdv()(b, s, h, d);
+      }
+    }
+  CHECK(same);
+  CHECK(g1.key == g2.key);
+  CHECK(g1.value == g2.value);
+  // The padding between rows is never written.
+  CHECK(dkb[0] == -7.0f);
+  CHECK(dvb[0] == -7.0f);
+}
+
+TEST_CASE("backward: no query rows or no query heads give zero dk and dv", "[backward]") {
+  index_t const B = 2, Sk = 3, Hkv = 2, D = 4;
+  std::vector<double> k = posenc_test::random_vector<double>(static_cast<std::size_t>(B * Sk * Hkv * D), 141);
+  std::vector<double> v = k, dk(k.size(), 5.0), dv(k.size(), 5.0);
+  std::vector<double> q(64, 1.0), out(64, 1.0), dout(64, 1.0), dq(64, 5.0);
+  no_gradients g;
+  for (index_t sq : {0, 3}) {
+    index_t const hq = sq == 0 ? 2 : 0;  // no rows, or rows of no head
+    auto const kv = make_bshd(k.data(), B, Sk, Hkv, D);
+    auto const vv = make_bshd(v.data(), B, Sk, Hkv, D);
+    attention_backward<path::reference>(make_bshd(q.data(), B, sq, hq, D), kv, vv, make_bshd(out.data(), B, sq, hq, D),
+                                        make_bshd(dout.data(), B, sq, hq, D), make_bshd(dq.data(), B, sq, hq, D),
+                                        make_bshd(dk.data(), B, Sk, Hkv, D), make_bshd(dv.data(), B, Sk, Hkv, D),
+                                        none{}, attention_options<double>{}, g);
+    CHECK(std::all_of(dk.begin(), dk.end(), [](double x) { return x == 0.0; }));
+    CHECK(std::all_of(dv.begin(), dv.end(), [](double x) { return x == 0.0; }));
+    std::fill(dk.begin(), dk.end(), 5.0);
+    std::fill(dv.begin(), dv.end(), 5.0);
+  }
+}

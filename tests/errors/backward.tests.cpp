@@ -1,0 +1,206 @@
+// SPDX-License-Identifier: MIT
+// attention_backward: every bad argument throws before dq, dk, dv or the encoder's gradients are written.
+#include <posenc/posenc.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "support/backward_check.hpp"
+#include "support/catch.hpp"
+#include "support/error_of.hpp"
+
+using namespace posenc;
+
+namespace posenc_test {
+/// A path that needs the forward pass's lse (as a flash-style backward does):
+/// used to check the entry point's lse check.
+struct lse_path {};
+}  // namespace posenc_test
+
+namespace posenc::detail {
+template <>
+struct backward_kernel<posenc_test::lse_path> {
+  static constexpr bool available = true;
+  static constexpr bool needs_lse = true;
+  template <class T, class E>
+  static void run(attention_plan<T> const& p, backward_views<T> const& io, E const& enc,
+                  encoder_gradients_t<E>& grads) {
+    reference_attention_backward<double>(p, io, enc, grads);
+  }
+};
+}  // namespace posenc::detail
+
+namespace {
+
+/// q, k, v, out, dout, lse and the three gradients in ONE buffer, so a test can
+/// point a gradient at any input. B=1, Sq=3, Sk=4, Hq=2, Hkv=1, D=Dv=4.
+struct arena {
+  static constexpr index_t B = 1, Sq = 3, Sk = 4, Hq = 2, Hkv = 1, D = 4;
+  static constexpr index_t nq = B * Sq * Hq * D, nk = B * Sk * Hkv * D, nl = B * Hq * Sq;
+  static constexpr index_t oq = 0, ok = oq + nq, ov = ok + nk, oo = ov + nk, odo = oo + nq, ol = odo + nq,
+                           odq = ol + nl, odk = odq + nq, odv = odk + nk, end = odv + nk;
+  std::vector<float> buf = posenc_test::random_vector<float>(static_cast<std::size_t>(end), 3);
+  std::vector<float> before;
+  view<float> q = make_bshd(buf.data() + oq, B, Sq, Hq, D);
+  view<float> k = make_bshd(buf.data() + ok, B, Sk, Hkv, D);
+  view<float> v = make_bshd(buf.data() + ov, B, Sk, Hkv, D);
+  view<float> out = make_bshd(buf.data() + oo, B, Sq, Hq, D);
+  view<float> dout = make_bshd(buf.data() + odo, B, Sq, Hq, D);
+  view<float> dq = make_bshd(buf.data() + odq, B, Sq, Hq, D);
+  view<float> dk = make_bshd(buf.data() + odk, B, Sk, Hkv, D);
+  view<float> dv = make_bshd(buf.data() + odv, B, Sk, Hkv, D);
+  attention_options<float> opt;
+  t5_bias<float> enc{t5_bias_params{Hq, true, 8, 16}, 1u};
+  t5_bias<float>::gradients g = enc.make_gradients();
+  arena() {
+    opt.lse = buf.data() + ol;
+    opt.causal = true;
+    attention<path::reference>(q, k, v, out, enc, opt);
+  }
+  template <class Path = path::reference>
+  std::string run() {
+    before = buf;
+    auto const g_before = g.table;
+    std::string const m = posenc_test::error_of(
+        [&] { attention_backward<Path>(q, k, v, out, dout, dq, dk, dv, enc, opt, g); });
+    // Bitwise: the buffer may hold a NaN on purpose.
+    untouched = std::memcmp(buf.data(), before.data(), buf.size() * sizeof(float)) == 0 && g.table.rows() == g_before.rows() && g.table.cols() == g_before.cols() &&
+                (g.table.size() == 0 || g.table == g_before);
+    return m;
+  }
+  bool untouched = false;
+};
+
+}  // namespace
+
+TEST_CASE("attention_backward: bad arguments throw, nothing written", "[errors][backward]") {
+  SECTION("the unbroken call works and writes") {
+    arena a;
+    CHECK(a.run() == "<no error>");
+    CHECK(!a.untouched);
+  }
+  SECTION("gradient shapes") {
+    arena a;
+    a.dq.dim = 3;
+    CHECK(a.run() == "posenc::attention_backward: dq.dim is 3, expected 4 (q.dim)");
+    CHECK(a.untouched);
+    arena b;
+    b.dk.seq = 3;
+    CHECK(b.run() == "posenc::attention_backward: dk.seq is 3, expected 4 (k.seq)");
+    CHECK(b.untouched);
+    arena c;
+    c.dv.heads = 2;
+    c.dv.dim = 2;
+    CHECK(c.run() == "posenc::attention_backward: dv.heads is 2, expected 1 (v.heads)");
+    CHECK(c.untouched);
+    arena d;
+    d.dout.seq = 2;
+    CHECK(d.run() == "posenc::attention_backward: dout.seq is 2, expected 3 (out.seq)");
+    CHECK(d.untouched);
+  }
+  SECTION("forward arguments are checked under the backward's name") {
+    arena a;
+    a.v.seq = 3;
+    CHECK(a.run() == "posenc::attention_backward: v.seq is 3, expected 4 (k.seq)");
+    CHECK(a.untouched);
+  }
+  SECTION("encoder gradients that do not fit the encoder") {
+    arena a;
+    a.g.table = relative_table<float>::Zero(4, 2);
+    CHECK(a.run() == "posenc::attention_backward: grads.table shape is (4, 2), expected (8, 2) (num_buckets, heads)");
+    CHECK(a.untouched);
+  }
+  SECTION("gradient buffers aliasing inputs or each other") {
+    struct alias_case {
+      char const* what;
+      index_t dq_at, dk_at, dv_at;
+      char const* message;
+    };
+    using A = arena;
+    alias_case const cases[] = {
+        {"dq over q", A::oq, A::odk, A::odv, "dq is at bytes"},
+        {"dk over v (one element)", A::odq, A::ov - A::nk + 1, A::odv, "dk is at bytes"},
+        {"dv over out", A::odq, A::odk, A::oo + 2, "dv is at bytes"},
+        {"dv over dout", A::odq, A::odk, A::odo, "and overlaps dout"},
+        {"dq over lse", A::ol, A::odk, A::odv, "and overlaps lse"},
+        {"dk over dq", A::odq, A::odq + 4, A::odv, "and overlaps dq"},
+    };
+    for (auto const& c : cases) {
+      arena a;
+      a.dq.data = a.buf.data() + c.dq_at;
+      a.dk.data = a.buf.data() + c.dk_at;
+      a.dv.data = a.buf.data() + c.dv_at;
+      std::string const m = a.run();
+      INFO(c.what << ": " << m);
+      CHECK(m.find(c.message) != std::string::npos);
+      CHECK(m.find("expected no shared memory") != std::string::npos);
+      CHECK(a.untouched);
+    }
+  }
+  SECTION("lse holding NaN or +inf") {
+    arena a;
+    a.opt.lse[2] = std::numeric_limits<float>::quiet_NaN();
+    CHECK(a.run() == "posenc::attention_backward: lse[2] is nan, expected a finite value or -inf (the forward "
+                     "pass's log-sum-exp)");
+    CHECK(a.untouched);
+  }
+  SECTION("missing lse on a path that needs it") {
+    arena a;
+    a.opt.lse = nullptr;
+    CHECK(a.run<posenc_test::lse_path>() ==
+          "posenc::attention_backward: lse is null, expected the forward pass's log-sum-exp (q.batch x q.heads x "
+          "q.seq = 6 values; this path does not recompute it)");
+    CHECK(a.untouched);
+    arena b;
+    CHECK(b.run<posenc_test::lse_path>() == "<no error>");
+  }
+  SECTION("a scores output") {
+    arena a;
+    std::vector<float> scores(64);
+    a.opt.scores = scores.data();
+    CHECK(a.run() == "posenc::attention_backward: scores is set, expected null (the backward pass has no scores "
+                     "output)");
+    CHECK(a.untouched);
+  }
+  SECTION("out is q (a forward pass run in place)") {
+    arena a;
+    a.out = a.q;
+    CHECK(a.run().find("posenc::attention_backward: out is q (same data)") == 0);
+    CHECK(a.untouched);
+  }
+}
+
+TEST_CASE("attention_backward: bad ALiBi and Shaw gradients, learned add_to_backward", "[errors][backward]") {
+  SECTION("ALiBi slopes of the wrong count") {
+    alibi<float> enc(alibi_form::paper, 2);
+    auto g = enc.make_gradients(true);
+    g.slopes.push_back(0.0f);
+    std::string const m = posenc_test::error_of([&] { enc.check_gradients("posenc::attention_backward", g); });
+    CHECK(m == "posenc::attention_backward: grads.slopes has 3 values, expected 0 (fixed slopes) or 2 (heads)");
+  }
+  SECTION("Shaw value gradient without value embeddings") {
+    shaw<float> enc(1, 4, shaw_terms::keys, 3u);
+    auto g = enc.make_gradients();
+    g.value = relative_table<float>::Zero(3, 4);
+    std::string const m = posenc_test::error_of([&] { enc.check_gradients("posenc::attention_backward", g); });
+    CHECK(m == "posenc::attention_backward: grads.value shape is (3, 4), expected (0, 0) (no value embeddings)");
+  }
+  SECTION("learned: position past the table, table gradient of the wrong size") {
+    auto enc = learned<float>::random(4, 2, 1u, 1);
+    std::vector<float> dx(6, 1.0f);
+    auto g = enc.make_gradients();
+    auto const before = g.table;
+    std::string m = posenc_test::error_of(
+        [&] { enc.add_to_backward(make_bsd(static_cast<float const*>(dx.data()), 1, 3, 2), position_span(1), g); });
+    CHECK(m == "posenc::learned::add_to_backward: position of batch 0 token 2 is 3, expected in [-1, 3) (table "
+               "length 4, offset 1)");
+    CHECK(g.table == before);
+    g.table.resize(5);
+    m = posenc_test::error_of(
+        [&] { enc.add_to_backward(make_bsd(static_cast<float const*>(dx.data()), 1, 3, 2), position_span(0), g); });
+    CHECK(m == "posenc::learned::add_to_backward: grads.table has 5 values, expected 8 (rows 4 x d_model 2)");
+  }
+}
