@@ -33,12 +33,12 @@ namespace posenc::detail::fused {
 /// as one front moving through memory; every group of a head reuses the
 /// head's tile from cache. The hardware prefetchers follow this front:
 /// software prefetch of the next tile made it slower. `states(hk, grp)` gives
-/// the state of a row group; rr holds kv_heads * groups entries. `guard` as
+/// the state of a row group; rr holds kv_heads * groups entries. `Guard` as
 /// in row_tile.
-template <class Tr, class T, class E, class StateOf>
+template <class Tr, bool Guard, class T, class E, class StateOf>
 void decode_item(attention_plan<T> const& p, view<const T> q, view<const T> k, view<const T> v, E const& enc,
                  index_t b, index_t j0, index_t j1, rotation_ids const* rot, row_scratch<Tr> const& sc,
-                 row_rows<Tr>* rr, StateOf const& states, bool guard) noexcept {
+                 row_rows<Tr>* rr, StateOf const& states) noexcept {
   constexpr index_t rg_v = Tr::row_group_v, bk_v = Tr::block_kv_v;
   index_t const kv_heads = p.kv_heads, rows = p.q_len * p.group, groups = (rows + rg_v - 1) / rg_v;
   index_t first = j1, last = j0;
@@ -57,7 +57,7 @@ void decode_item(attention_plan<T> const& p, view<const T> q, view<const T> k, v
       // This group's own visible union, clipped to the tile.
       index_t const a = std::max(t0, rr[u].first), e = std::min(t0 + nk, rr[u].last);
       if (a < e)
-        row_tile<Tr>(p, k, v, enc, b, u / groups, rr[u], a, e - a, rot, sc, states(u / groups, u % groups), guard);
+        row_tile<Tr, Guard>(p, k, v, enc, b, u / groups, rr[u], a, e - a, rot, sc, states(u / groups, u % groups));
     }
   }
 }
@@ -152,7 +152,9 @@ void run_row_kernel(attention_plan<T> const& p, view<const T> q, view<const T> k
         return row_state<T>{ms + slot, ls + slot, os + slot * value_dim};
       };
       row_rows<Tr>* const rr = rrs.data() + tid * kv_heads * groups;
-      guarded_rerun([&](bool guard) { decode_item<Tr>(p, q, k, v, enc, b, j0, j1, rot, sc, rr, state_of, guard); },
+      guarded_rerun([&](auto guard) {
+                      decode_item<Tr, decltype(guard)::value>(p, q, k, v, enc, b, j0, j1, rot, sc, rr, state_of);
+                    },
                     [&] {
                       bool finite = true;
                       for (index_t u2 = 0; u2 < kv_heads * groups && finite; ++u2)

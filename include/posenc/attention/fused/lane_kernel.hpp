@@ -362,11 +362,11 @@ void lane_finish_blocks(lane_item_context<Tr, E> const& c, lane_scratch<Tr> cons
 }
 
 /// Every tile of blocks [0, nb) of an item: scores, terms, softmax update,
-/// values. `guard`: in tiles whose V is not all finite, keys of probability 0
+/// values. `Guard`: in tiles whose V is not all finite, keys of probability 0
 /// add nothing (0 * NaN would be NaN).
-template <class Tr, class E>
+template <class Tr, bool Guard, class E>
 void lane_item_tiles(lane_item_context<Tr, E> const& c, lane_scratch<Tr> const& sc, block_keys<Tr> const* keys,
-                     index_t nb, key_range span, bool guard) noexcept {
+                     index_t nb, key_range span) noexcept {
   using T = typename Tr::value_type;
   constexpr index_t bq_v = Tr::block_q_v, bk_v = Tr::block_kv_v;
   attention_plan<T> const& p = c.p;
@@ -398,7 +398,7 @@ void lane_item_tiles(lane_item_context<Tr, E> const& c, lane_scratch<Tr> const& 
       logit.tp = tp;
       logit.nk = nk;
       lane_softmax_update<Tr>(sc.st, bq_v, tp.keys, nvec, bb.m, bb.l, bb.alpha, logit);
-      if (guard && v_finite < 0) v_finite = rows_finite<Tr>(vt, c.v.seq_stride, nk, p.value_dim) ? 1 : 0;
+      if (Guard && v_finite < 0) v_finite = rows_finite<Tr>(vt, c.v.seq_stride, nk, p.value_dim) ? 1 : 0;
       lane_tile_values<Tr>(vt, c.v.seq_stride, tp.keys, p.value_dim, sc.st, nvec, bb.alpha, bb.ot, v_finite == 0);
     }
   }
@@ -428,10 +428,10 @@ void lane_item(lane_item_context<Tr, E> const& c, lane_scratch<Tr> const& sc, in
   index_t const nb = blk1 - blk0;
   block_keys<Tr> keys[Tr::blocks_per_item_v];
   key_range span = lane_begin_blocks(c, sc, keys, blk0, nb);
-  lane_item_tiles(c, sc, keys, nb, span, false);
+  lane_item_tiles<Tr, false>(c, sc, keys, nb, span);
   if (!lane_outputs_finite(sc, keys, nb, c.p.value_dim)) {
     span = lane_begin_blocks(c, sc, keys, blk0, nb);
-    lane_item_tiles(c, sc, keys, nb, span, true);
+    lane_item_tiles<Tr, true>(c, sc, keys, nb, span);
   }
   lane_finish_blocks(c, sc, keys, nb);
 }

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
 #include "posenc/attention/fused/micro_kernels.hpp"
 #include "posenc/attention/fused/rotary.hpp"
@@ -131,12 +132,12 @@ void row_logits(attention_plan<T> const& p, E const& enc, index_t b, row_rows<Tr
 
 /// Key tile [t0, t0 + nk) for the rows of rr: scores, logits, online softmax
 /// update, values. Leaves (max, sum, unnormalised output) per row in `st`.
-/// `guard`: when the tile's V is not all finite, keys of probability 0 add
+/// `Guard`: when the tile's V is not all finite, keys of probability 0 add
 /// nothing (0 * NaN would be NaN); see `guarded_rerun`.
-template <class Tr, class T, class E>
+template <class Tr, bool Guard, class T, class E>
 void row_tile(attention_plan<T> const& p, view<const T> k, view<const T> v, E const& enc, index_t b, index_t hk,
               row_rows<Tr> const& rr, index_t t0, index_t nk, rotation_ids const* rot, row_scratch<Tr> const& sc,
-              row_state<T> st, bool guard) noexcept {
+              row_state<T> st) noexcept {
   index_t const head_dim = p.head_dim, value_dim = p.value_dim;
   T const* kt = k.ptr(b, t0, hk);
   index_t ldk = k.seq_stride;
@@ -146,7 +147,7 @@ void row_tile(attention_plan<T> const& p, view<const T> k, view<const T> v, E co
     ldk = head_dim;
   }
   T const* vt = v.ptr(b, t0, hk);
-  bool const guarded = guard && !rows_finite<Tr>(vt, v.seq_stride, nk, value_dim);
+  bool const guarded = Guard && !rows_finite<Tr>(vt, v.seq_stride, nk, value_dim);
   // Scores of every row, each row's softmax update, then the values of every
   // row (each K and V row loaded once for all rows).
   auto rows = [&](index_t, auto n) {
@@ -177,21 +178,22 @@ bool row_outputs_finite(row_state<T> st, index_t ng, index_t value_dim) noexcept
 
 /// A key of probability 0 (one the row cannot see, or whose logit is -inf or
 /// underflows) adds nothing, even with NaN or Inf in its v. An item runs its
-/// tiles unguarded first (`run(false)`): a finite result is then exact.
-/// Otherwise (rare: V holds NaN or Inf) it runs again with the guard
-/// (`run(true)`), which gives the same values where the first run was finite.
+/// tiles unguarded first (`run(std::false_type)`, code without any guard): a
+/// finite result is then exact. Otherwise (rare: V holds NaN or Inf) it runs
+/// again with the guard (`run(std::true_type)`), which gives the same values
+/// where the first run was finite.
 template <class Run, class Finite>
 void guarded_rerun(Run const& run, Finite const& finite) noexcept {
-  run(false);
-  if (!finite()) run(true);
+  run(std::false_type{});
+  if (!finite()) run(std::true_type{});
 }
 
 /// Every key tile of rows [r0, r0 + ng) of (b, hk) over keys [j0, j1);
-/// `guard` as in row_tile.
-template <class Tr, class T, class E>
+/// `Guard` as in row_tile.
+template <class Tr, bool Guard, class T, class E>
 void row_item_tiles(attention_plan<T> const& p, view<const T> q, view<const T> k, view<const T> v, E const& enc,
                     index_t b, index_t hk, index_t r0, index_t ng, index_t j0, index_t j1, rotation_ids const* rot,
-                    row_scratch<Tr> const& sc, row_state<T> st, bool guard) noexcept {
+                    row_scratch<Tr> const& sc, row_state<T> st) noexcept {
   constexpr index_t bk_v = Tr::block_kv_v;
   row_rows<Tr> rr;
   row_begin<Tr>(p, q, enc, b, hk, r0, ng, j0, j1, rot, sc.qbuf, rr, st);
@@ -204,7 +206,7 @@ void row_item_tiles(attention_plan<T> const& p, view<const T> q, view<const T> k
       prefetch_rows(k.ptr(b, t0 + bk_v, hk), k.seq_stride, nn, p.head_dim);
       prefetch_rows(v.ptr(b, t0 + bk_v, hk), v.seq_stride, nn, p.value_dim);
     }
-    row_tile<Tr>(p, k, v, enc, b, hk, rr, t0, nk, rot, sc, st, guard);
+    row_tile<Tr, Guard>(p, k, v, enc, b, hk, rr, t0, nk, rot, sc, st);
   }
 }
 
@@ -214,7 +216,9 @@ template <class Tr, class T, class E>
 void row_item(attention_plan<T> const& p, view<const T> q, view<const T> k, view<const T> v, E const& enc,
               index_t b, index_t hk, index_t r0, index_t ng, index_t j0, index_t j1, rotation_ids const* rot,
               row_scratch<Tr> const& sc, row_state<T> st) noexcept {
-  guarded_rerun([&](bool guard) { row_item_tiles<Tr>(p, q, k, v, enc, b, hk, r0, ng, j0, j1, rot, sc, st, guard); },
+  guarded_rerun([&](auto guard) {
+                  row_item_tiles<Tr, decltype(guard)::value>(p, q, k, v, enc, b, hk, r0, ng, j0, j1, rot, sc, st);
+                },
                 [&] { return row_outputs_finite(st, ng, p.value_dim); });
 }
 
