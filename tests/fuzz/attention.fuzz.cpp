@@ -217,11 +217,11 @@ long compare(std::vector<float> const& got, std::vector<float> const& ref, std::
              std::vector<row_rule> const& rule, std::size_t width, double floor) {
   std::vector<float> g, e, p;
   std::vector<std::size_t> rows;
-  for (std::size_t row = 0; row < rule.size(); ++row)
+  for (std::size_t row = 0; row < rule.size() / width; ++row)
     for (std::size_t d = 0; d < width; ++d) {
       std::size_t const i = row * width + d;
-      if (rule[row] == row_rule::either) continue;
-      if (rule[row] == row_rule::non_finite) {
+      if (rule[i] == row_rule::either) continue;
+      if (rule[i] == row_rule::non_finite) {
         if (std::isfinite(got[i]) != std::isfinite(ref[i])) return static_cast<long>(row);
       } else {
         g.push_back(got[i]);
@@ -282,7 +282,8 @@ void check(config const& c, E const& enc) {
   // on the precision (double in the reference, float elsewhere) and on how exp treats
   // subnormal results: a row whose only non-finite input is a v at keys below that limit may
   // be finite or not.
-  std::vector<row_rule> out_rule(static_cast<std::size_t>(c.B * c.Sq * c.Hq), row_rule::finite),
+  // Per output element (a non-finite v poisons only its own dimensions), per lse.
+  std::vector<row_rule> out_rule(static_cast<std::size_t>(c.B * c.Sq * c.Hq * c.Dv), row_rule::finite),
       lse_rule(static_cast<std::size_t>(c.B * c.Hq * c.Sq), row_rule::finite);
   std::vector<float> scores(static_cast<std::size_t>(c.B * c.Hq * c.Sq * c.Sk) + 1), probs;
   outputs tmp;
@@ -306,21 +307,23 @@ void check(config const& c, E const& enc) {
     for (index_t b = 0; b < c.B; ++b)
       for (index_t h = 0; h < c.Hq; ++h)
         for (index_t i = 0; i < c.Sq; ++i) {
-          bool sees = false, bad_qk = false, bad_v = false, tiny_bad_v = false;
+          bool sees = false, bad_qk = false;
+          std::vector<char> bad_v(static_cast<std::size_t>(c.Dv)), tiny_bad_v(static_cast<std::size_t>(c.Dv));
           for (index_t j = 0; j < c.Sk; ++j) {
             auto const at = static_cast<std::size_t>(((b * c.Hq + h) * c.Sq + i) * c.Sk + j);
             if (!std::isfinite(scores[at])) continue;
             sees = true;
             bad_qk = bad_qk || !c.row_finite(c.k, b, j, h / group);
-            if (!c.row_finite(c.v, b, j, h / group)) {
-              bool const tiny = probs[at] < std::numeric_limits<float>::min();
-              bad_v = bad_v || !tiny;
-              tiny_bad_v = tiny_bad_v || tiny;
-            }
+            bool const tiny = probs[at] < std::numeric_limits<float>::min();
+            for (index_t d = 0; d < c.Dv; ++d)
+              if (!std::isfinite(c.v(b, j, h / group, d))) (tiny ? tiny_bad_v : bad_v)[static_cast<std::size_t>(d)] = 1;
           }
           bad_qk = bad_qk || (sees && !c.row_finite(c.q, b, i, h));
-          out_rule[static_cast<std::size_t>((b * c.Sq + i) * c.Hq + h)] =
-              bad_qk || bad_v ? row_rule::non_finite : tiny_bad_v ? row_rule::either : row_rule::finite;
+          for (index_t d = 0; d < c.Dv; ++d) {
+            auto const e = static_cast<std::size_t>(d);
+            out_rule[static_cast<std::size_t>(((b * c.Sq + i) * c.Hq + h) * c.Dv + d)] =
+                bad_qk || bad_v[e] ? row_rule::non_finite : tiny_bad_v[e] ? row_rule::either : row_rule::finite;
+          }
           // The log-sum-exp does not read v.
           lse_rule[static_cast<std::size_t>((b * c.Hq + h) * c.Sq + i)] =
               bad_qk ? row_rule::non_finite : row_rule::finite;
