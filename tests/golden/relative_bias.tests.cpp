@@ -24,12 +24,7 @@ std::vector<double> const& rec(std::string const& name) { return posenc_test::go
 
 template <class T>
 posenc::relative_table<T> table_of(std::string const& name, index_t rows, index_t cols) {
-  auto const& v = rec(name);
-  REQUIRE(static_cast<index_t>(v.size()) == rows * cols);
-  posenc::relative_table<T> t(rows, cols);
-  for (index_t r = 0; r < rows; ++r)
-    for (index_t c = 0; c < cols; ++c) t(r, c) = static_cast<T>(v[static_cast<std::size_t>(r * cols + c)]);
-  return t;
+  return posenc_test::golden_table<posenc::relative_table<T>>(golden(), name, rows, cols);
 }
 
 // A value computed in double and rounded once to T: within half an ulp of the reference.

@@ -12,6 +12,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace posenc_test {
@@ -56,6 +57,24 @@ inline std::vector<double> const& golden_record(golden_file const& g, std::strin
   auto it = g.find(name);
   if (it == g.end()) throw std::runtime_error("golden record missing: " + name);
   return it->second;
+}
+
+/// The record `name` as a rows x cols table of type Table (anything constructible
+/// as Table(rows, cols) with element access t(r, c), e.g. posenc::relative_table<T>),
+/// read row-major; throws when absent or of another size.
+template <class Table, class Index>
+Table golden_table(golden_file const& g, std::string const& name, Index rows, Index cols) {
+  std::vector<double> const& v = golden_record(g, name);
+  if (static_cast<long long>(v.size()) != static_cast<long long>(rows) * static_cast<long long>(cols))
+    throw std::runtime_error("golden record " + name + ": expected " + std::to_string(rows) + " x " +
+                             std::to_string(cols) + " values, found " + std::to_string(v.size()));
+  Table t(rows, cols);
+  for (Index r = 0; r < rows; ++r)
+    for (Index c = 0; c < cols; ++c) {
+      using E = std::decay_t<decltype(t(r, c))>;
+      t(r, c) = static_cast<E>(v[static_cast<std::size_t>(r * cols + c)]);
+    }
+  return t;
 }
 
 }  // namespace posenc_test
