@@ -1,9 +1,12 @@
 // SPDX-License-Identifier: MIT
 // The SIMD shim against scalar code at lengths around the vector width, on misaligned pointers.
+#include <posenc/core/eigen.hpp>
 #include <posenc/core/simd.hpp>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <type_traits>
@@ -214,4 +217,169 @@ TEMPLATE_TEST_CASE("simd: select and tanh against scalar", "[simd]", float, doub
       CHECK(t[i] == posenc_test::Approx(std::tanh(a[i + off])).epsilon(4e-7).margin(1e-7));
     }
   }
+}
+
+// ---------------------------------------------------------------------------
+// 16-bit floats: the shim's conversions against Eigen's Eigen::half and
+// Eigen::bfloat16 (an independent implementation), at this build's instruction set.
+
+namespace {
+
+using posenc::simd::half_format;
+
+std::uint32_t float_bits(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+// Eigen's conversions, the oracle.
+template <half_format F>
+float eigen_widen(std::uint16_t h) {
+  if constexpr (F == half_format::binary16) return static_cast<float>(Eigen::numext::bit_cast<Eigen::half>(h));
+  else return static_cast<float>(Eigen::numext::bit_cast<Eigen::bfloat16>(h));
+}
+template <half_format F>
+std::uint16_t eigen_narrow(float f) {
+  if constexpr (F == half_format::binary16) return Eigen::numext::bit_cast<std::uint16_t>(Eigen::half(f));
+  else return Eigen::numext::bit_cast<std::uint16_t>(Eigen::bfloat16(f));
+}
+
+bool is_nan16(half_format f, std::uint16_t h) {
+  return f == half_format::binary16 ? (h & 0x7c00u) == 0x7c00u && (h & 0x3ffu) != 0
+                                    : (h & 0x7f80u) == 0x7f80u && (h & 0x7fu) != 0;
+}
+
+// Floats that probe narrowing: every 16-bit value widened, the midpoints
+// between neighbours (exact ties) and one float ulp either side of them, the
+// edges of overflow and of the subnormal range, and random bit patterns.
+template <half_format F>
+std::vector<float> narrowing_probes() {
+  std::vector<float> x;
+  for (std::uint32_t h = 0; h < 0x10000u; ++h) {
+    float const a = posenc::simd::widen<F>(static_cast<std::uint16_t>(h));
+    x.push_back(a);
+    if ((h & 0x7fffu) >= (F == half_format::binary16 ? 0x7c00u : 0x7f80u) - 1u) continue;  // no finite neighbour above
+    float const b = posenc::simd::widen<F>(static_cast<std::uint16_t>(h + 1));
+    float const mid = static_cast<float>((static_cast<double>(a) + static_cast<double>(b)) / 2);
+    x.insert(x.end(), {mid, std::nextafter(mid, -INFINITY), std::nextafter(mid, INFINITY)});
+  }
+  for (float e : {65504.0f, 65519.996f, 65520.0f, 65536.0f, 1e10f, 6.1035156e-5f, 5.9604645e-8f, 2.9802322e-8f,
+                  2.9802326e-8f, 1e-30f, 1e-40f, 1.1754942e-38f, 3.4028235e38f, INFINITY,
+                  std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::denorm_min()}) {
+    x.push_back(e);
+    x.push_back(-e);
+  }
+  std::uint64_t s = 12345;
+  for (int i = 0; i < 200000; ++i) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    std::uint32_t const u = static_cast<std::uint32_t>(s >> 32);
+    float f;
+    std::memcpy(&f, &u, sizeof f);
+    x.push_back(f);
+  }
+  return x;
+}
+
+// What the vector store gives for f: the scalar rule, except that AVX-512 BF16's
+// instruction flushes float subnormals to signed zero (core/simd.hpp).
+template <half_format F>
+std::uint16_t vector_narrow_rule(float f) {
+#if defined(__AVX512BF16__)
+  if constexpr (F == half_format::bfloat16) {
+    if (std::is_base_of<xsimd::avx512f, simd::default_arch>::value && std::fpclassify(f) == FP_SUBNORMAL)
+      return static_cast<std::uint16_t>((float_bits(f) >> 16) & 0x8000u);
+  }
+#endif
+  return posenc::simd::narrow<F>(f);
+}
+
+template <half_format F>
+void check_half_format() {
+  char const* const name = F == half_format::binary16 ? "binary16" : "bfloat16";
+  constexpr auto W = simd::width<float>;
+  // Widening: every encoding, scalar and vector, full and partial, misaligned.
+  std::vector<std::uint16_t> all(0x10000u + 1);
+  for (std::uint32_t h = 0; h < 0x10000u; ++h) all[h + 1] = static_cast<std::uint16_t>(h);
+  std::size_t widen_bad = 0;
+  for (std::uint32_t h = 0; h < 0x10000u; ++h) {
+    float const want = eigen_widen<F>(static_cast<std::uint16_t>(h));
+    float const got = simd::widen<F>(static_cast<std::uint16_t>(h));
+    bool const same = std::isnan(want) ? std::isnan(got) : float_bits(got) == float_bits(want);
+    widen_bad += same ? 0 : 1;
+  }
+  INFO(name);
+  CHECK(widen_bad == 0);
+  std::vector<float> lanes(static_cast<std::size_t>(W));
+  std::size_t vector_bad = 0;
+  for (std::size_t at = 1; at + static_cast<std::size_t>(W) <= all.size(); at += static_cast<std::size_t>(W)) {
+    for (posenc::index_t n : {W, W - 1, posenc::index_t(1)}) {
+      auto const b = n == W ? simd::load_widen<F>(all.data() + at) : simd::load_widen_partial<F>(all.data() + at, n);
+      b.store_unaligned(lanes.data());
+      for (posenc::index_t i = 0; i < W; ++i) {
+        float const want = i < n ? simd::widen<F>(all[at + static_cast<std::size_t>(i)]) : 0.0f;
+        float const got = lanes[static_cast<std::size_t>(i)];
+        vector_bad += (std::isnan(want) ? std::isnan(got) : float_bits(got) == float_bits(want)) ? 0 : 1;
+      }
+    }
+  }
+  CHECK(vector_bad == 0);
+
+  // Narrowing: scalar against Eigen, vector against the scalar rule.
+  std::vector<float> const x = narrowing_probes<F>();
+  std::size_t narrow_bad = 0, nan_bad = 0, round_trip_bad = 0;
+  for (float f : x) {
+    std::uint16_t const got = simd::narrow<F>(f), want = eigen_narrow<F>(f);
+    if (std::isnan(f)) nan_bad += is_nan16(F, got) && (got & 0x8000u) == ((float_bits(f) >> 16) & 0x8000u) ? 0 : 1;
+    else narrow_bad += got == want ? 0 : 1;
+  }
+  for (std::uint32_t h = 0; h < 0x10000u; ++h)
+    if (!is_nan16(F, static_cast<std::uint16_t>(h)))
+      round_trip_bad += simd::narrow<F>(simd::widen<F>(static_cast<std::uint16_t>(h))) == h ? 0 : 1;
+  CHECK(narrow_bad == 0);
+  CHECK(nan_bad == 0);
+  CHECK(round_trip_bad == 0);
+
+  std::vector<std::uint16_t> out(static_cast<std::size_t>(W) + 2);
+  std::size_t store_bad = 0;
+  for (std::size_t at = 0; at + static_cast<std::size_t>(W) <= x.size(); at += static_cast<std::size_t>(W)) {
+    auto const b = simd::load(x.data() + at);
+    for (posenc::index_t n : {W, W - 1, posenc::index_t(1)}) {
+      std::fill(out.begin(), out.end(), std::uint16_t(0xabcd));
+      if (n == W) simd::store_narrow<F>(out.data() + 1, b);
+      else simd::store_narrow_partial<F>(out.data() + 1, b, n);
+      for (posenc::index_t i = 0; i < W + 1; ++i) {
+        std::uint16_t const got = out[static_cast<std::size_t>(i) + 1];
+        if (i >= n) {  // past the stored lanes: untouched
+          store_bad += got == 0xabcd ? 0 : 1;
+          continue;
+        }
+        float const f = x[at + static_cast<std::size_t>(i)];
+        std::uint16_t const want = vector_narrow_rule<F>(f);
+        store_bad += (std::isnan(f) ? is_nan16(F, got) : got == want) ? 0 : 1;
+      }
+      store_bad += out[0] == 0xabcd ? 0 : 1;
+    }
+  }
+  CHECK(store_bad == 0);
+}
+
+}  // namespace
+
+TEST_CASE("simd: binary16 widening and narrowing agree with Eigen::half, rounding to nearest even", "[simd][half]") {
+  check_half_format<half_format::binary16>();
+  // The documented edges: overflow gives Inf (not 65504), ties go to even.
+  CHECK(simd::narrow<half_format::binary16>(65519.0f) == 0x7bffu);
+  CHECK(simd::narrow<half_format::binary16>(65520.0f) == 0x7c00u);
+  CHECK(simd::narrow<half_format::binary16>(-1e9f) == 0xfc00u);
+  CHECK(simd::narrow<half_format::binary16>(2.9802322e-8f) == 0x0000u);  // 2^-25: a tie, to even (0)
+  CHECK(simd::narrow<half_format::binary16>(8.940697e-8f) == 0x0002u);   // 1.5 * 2^-24: a tie, to even (2)
+  CHECK(simd::widen<half_format::binary16>(0x0001u) == 5.9604645e-8f);   // the smallest subnormal
+}
+
+TEST_CASE("simd: bfloat16 widening and narrowing agree with Eigen::bfloat16, rounding to nearest even", "[simd][half]") {
+  check_half_format<half_format::bfloat16>();
+  CHECK(simd::narrow<half_format::bfloat16>(1.00390625f) == 0x3f80u);  // 1 + 2^-8: a tie, to even (1)
+  CHECK(simd::narrow<half_format::bfloat16>(1.01171875f) == 0x3f82u);  // 1 + 3 * 2^-8: a tie, to even
+  CHECK(simd::narrow<half_format::bfloat16>(3.4028235e38f) == 0x7f80u);  // rounds past the largest: Inf
 }

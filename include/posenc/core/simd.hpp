@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// The one place that knows the xsimd version: batches, loads, reductions, exp, pair swaps.
+// The one place that knows the xsimd version and the ISA: batches, loads, reductions, exp, pair swaps, 16-bit floats.
 //
 // Supports xsimd 8.1 .. 14; tested with Debian's xsimd 8.1, and against the 9.x
 // names through tests/support/xsimd9. The version branches follow xsimd's
@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 #include <utility>
 
@@ -309,6 +310,157 @@ inline batch<T, Arch> alternating_sign() noexcept {
   alignas(Arch::alignment()) T buf[batch<T, Arch>::size];
   for (std::size_t i = 0; i < batch<T, Arch>::size; ++i) buf[i] = (i % 2 == 0) ? T(-1) : T(1);
   return batch<T, Arch>::load_aligned(buf);
+}
+
+// ---------------------------------------------------------------------------
+// 16-bit storage of float: IEEE binary16 and bfloat16, as their raw bits.
+//
+// Widening is exact. Narrowing rounds to nearest, ties to even. NaN stays NaN
+// (quieted, sign and the top payload bits kept). binary16 overflows to Inf, as
+// IEEE rounding does (max 65504; from 65520 up, and Inf itself, give Inf):
+// saturating to 65504 would turn an overflow into a plausible finite number
+// that a softmax or a cache would carry on silently. Float subnormals narrow
+// to binary16 subnormals or zero by the same rounding. bfloat16 has float's
+// exponent range and rounds the same way; the one exception: where the target
+// has AVX-512 BF16 (`__AVX512BF16__`) the vector stores (full and partial)
+// use its instruction, which flushes float subnormals (below 2^-126) to
+// signed zero; the scalar narrow() keeps them.
+// Partial loads and stores convert like the full-width ones. The scalar
+// functions serve where no vector conversion exists (binary16 on SSE2
+// without F16C), lane by lane.
+// ---------------------------------------------------------------------------
+
+/// The 16-bit formats a float can be stored in.
+enum class half_format { binary16, bfloat16 };
+
+namespace detail {
+inline float float_from_bits(std::uint32_t u) noexcept {
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+inline std::uint32_t bits_of(float f) noexcept {
+  std::uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+}  // namespace detail
+
+/// The float whose 16-bit encoding in format F is `h` (exact).
+template <half_format F>
+inline float widen(std::uint16_t h) noexcept {
+  if constexpr (F == half_format::bfloat16) {
+    return detail::float_from_bits(static_cast<std::uint32_t>(h) << 16);
+  } else {
+    std::uint32_t const sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
+    std::uint32_t const e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    if (e == 0x1f) return detail::float_from_bits(sign | 0x7f800000u | (m << 13));  // Inf, NaN
+    if (e == 0) {                                       // zero and subnormals: m * 2^-24, exact
+      float const f = static_cast<float>(m) * 5.9604644775390625e-8f;
+      return sign ? -f : f;
+    }
+    return detail::float_from_bits(sign | ((e + 112u) << 23) | (m << 13));  // rebias 15 -> 127
+  }
+}
+
+/// The 16-bit encoding in format F of `f`, rounded to nearest even (see above).
+template <half_format F>
+inline std::uint16_t narrow(float f) noexcept {
+  std::uint32_t const x = detail::bits_of(f);
+  if constexpr (F == half_format::bfloat16) {
+    if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((x >> 16) | 0x40u);  // quiet NaN
+    return static_cast<std::uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+  } else {
+    std::uint32_t const sign = (x >> 16) & 0x8000u, a = x & 0x7fffffffu;
+    if (a > 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
+    if (a >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // 65520 and up: Inf
+    if (a >= 0x38800000u) {  // normal: rebias 127 -> 15, round the 13 dropped bits
+      std::uint32_t const r = a - (112u << 23);
+      return static_cast<std::uint16_t>(sign | ((r + 0xfffu + ((r >> 13) & 1u)) >> 13));
+    }
+    // Below 2^-14: adding 0.5 rounds |f| to a multiple of 2^-24 (0.5's ulp), ties to even.
+    float const t = detail::float_from_bits(a) + 0.5f;
+    return static_cast<std::uint16_t>(sign | (detail::bits_of(t) - 0x3f000000u));
+  }
+}
+
+/// width<float, Arch> values of format F from p (unaligned), widened to float.
+template <half_format F, class Arch = default_arch>
+inline batch<float, Arch> load_widen(std::uint16_t const* p) noexcept {
+  using B = batch<float, Arch>;
+#if defined(__AVX512F__)
+  if constexpr (std::is_base_of<xsimd::avx512f, Arch>::value) {
+    __m256i const h = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(p));
+    if constexpr (F == half_format::binary16) return B(_mm512_cvtph_ps(h));
+    else return B(_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
+  }
+#endif
+#if defined(__AVX2__)
+  if constexpr (std::is_base_of<xsimd::avx2, Arch>::value && !std::is_base_of<xsimd::avx512f, Arch>::value) {
+    __m128i const h = _mm_loadu_si128(reinterpret_cast<__m128i const*>(p));
+#if defined(__F16C__)
+    if constexpr (F == half_format::binary16) return B(_mm256_cvtph_ps(h));
+#endif
+    if constexpr (F == half_format::bfloat16)
+      return B(_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)));
+  }
+#endif
+#if defined(__SSE2__)
+  if constexpr (F == half_format::bfloat16 && std::is_base_of<xsimd::sse2, Arch>::value &&
+                !std::is_base_of<xsimd::avx, Arch>::value && !std::is_base_of<xsimd::avx512f, Arch>::value) {
+    __m128i const h = _mm_loadl_epi64(reinterpret_cast<__m128i const*>(p));
+    return B(_mm_castsi128_ps(_mm_unpacklo_epi16(_mm_setzero_si128(), h)));
+  }
+#endif
+  alignas(Arch::alignment()) float buf[B::size];
+  for (std::size_t i = 0; i < B::size; ++i) buf[i] = widen<F>(p[i]);
+  return B::load_aligned(buf);
+}
+
+/// Narrows b to format F and stores its width<float, Arch> values at p (unaligned).
+template <half_format F, class Arch>
+inline void store_narrow(std::uint16_t* p, batch<float, Arch> const& b) noexcept {
+#if defined(__AVX512F__)
+  if constexpr (std::is_base_of<xsimd::avx512f, Arch>::value) {
+    if constexpr (F == half_format::binary16) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtps_ph(b, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      return;
+    }
+#if defined(__AVX512BF16__)
+    if constexpr (F == half_format::bfloat16) {
+      __m256bh const h = _mm512_cvtneps_pbh(b);
+      std::memcpy(p, &h, sizeof h);
+      return;
+    }
+#endif
+  }
+#endif
+#if defined(__AVX2__) && defined(__F16C__)
+  if constexpr (F == half_format::binary16 && std::is_base_of<xsimd::avx2, Arch>::value &&
+                !std::is_base_of<xsimd::avx512f, Arch>::value) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(b, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    return;
+  }
+#endif
+  alignas(Arch::alignment()) float buf[batch<float, Arch>::size];
+  b.store_aligned(buf);
+  for (std::size_t i = 0; i < batch<float, Arch>::size; ++i) p[i] = narrow<F>(buf[i]);
+}
+
+/// Loads n < width lanes of format F, the rest zero (converted as load_widen does).
+template <half_format F, class Arch = default_arch>
+inline batch<float, Arch> load_widen_partial(std::uint16_t const* p, index_t n) noexcept {
+  std::uint16_t buf[batch<float, Arch>::size] = {};
+  for (index_t i = 0; i < n; ++i) buf[i] = p[i];
+  return load_widen<F, Arch>(buf);
+}
+
+/// Narrows b as store_narrow does and stores its first n < width lanes.
+template <half_format F, class Arch>
+inline void store_narrow_partial(std::uint16_t* p, batch<float, Arch> const& b, index_t n) noexcept {
+  std::uint16_t buf[batch<float, Arch>::size];
+  store_narrow<F>(buf, b);
+  for (index_t i = 0; i < n; ++i) p[i] = buf[i];
 }
 
 }  // namespace posenc::simd
