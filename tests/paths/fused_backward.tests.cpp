@@ -74,26 +74,6 @@ using posenc_test::plain_backward_path;
 
 namespace {
 
-/// The encoder's parameter gradients as one flat vector of doubles.
-inline void append(std::vector<double>&, no_gradients const&) {}
-template <class G>
-auto append(std::vector<double>& out, G const& g) -> decltype(g.table, void()) {
-  for (index_t i = 0; i < g.table.size(); ++i) out.push_back(static_cast<double>(g.table.data()[i]));
-}
-template <class G>
-auto append(std::vector<double>& out, G const& g) -> decltype(g.slopes, void()) {
-  for (auto x : g.slopes) out.push_back(static_cast<double>(x));
-}
-template <class G>
-auto append(std::vector<double>& out, G const& g) -> decltype(g.key, g.value, void()) {
-  for (index_t i = 0; i < g.key.size(); ++i) out.push_back(static_cast<double>(g.key.data()[i]));
-  for (index_t i = 0; i < g.value.size(); ++i) out.push_back(static_cast<double>(g.value.data()[i]));
-}
-template <class G>
-auto append(std::vector<double>& out, G const& g) -> decltype(g.parts, void()) {
-  std::apply([&](auto const&... p) { (append(out, p), ...); }, g.parts);
-}
-
 /// Every gradient of one backward call: dq, dk, dv, then the encoder's.
 struct all_gradients {
   std::vector<double> dq, dk, dv, enc;
@@ -109,7 +89,7 @@ all_gradients run(attention_problem<T>& p, E const& enc, G const& g0, bool with_
   r.dq.assign(p.dq.begin(), p.dq.end());
   r.dk.assign(p.dk.begin(), p.dk.end());
   r.dv.assign(p.dv.begin(), p.dv.end());
-  append(r.enc, g);
+  posenc_test::flatten_gradients(r.enc, g);
   return r;
 }
 

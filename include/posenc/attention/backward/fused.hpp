@@ -33,6 +33,7 @@
 #include "posenc/attention/fused/micro_kernels.hpp"
 #include "posenc/attention/fused/traits.hpp"
 #include "posenc/attention/plan.hpp"
+#include "posenc/core/aligned_buffer.hpp"
 #include "posenc/core/simd.hpp"
 #include "posenc/core/threading.hpp"
 
@@ -45,17 +46,20 @@ inline constexpr index_t block_keys_v = 64;
 /// Per-task scratch of one (row block, key tile) pair, sized by the tile constants and the head dims only.
 template <class T>
 struct tile_scratch {
-  std::vector<T> s, th, dp, pt, dst, tmp, dpt, dk, dv;
+  // 64-byte aligned: the tiles' rows are whole vectors, loaded without crossing a cache line.
+  aligned_buffer<T> s, th, dp, pt, dst, tmp, dpt, dk, dv, kt, vt;
   tile_scratch(index_t head_dim, index_t value_dim)
-      : s(static_cast<std::size_t>(block_rows_v * block_keys_v)),
-        th(s.size()),
-        dp(s.size()),
-        pt(s.size()),
-        dst(s.size()),
-        tmp(static_cast<std::size_t>(block_keys_v)),
-        dpt(static_cast<std::size_t>(block_keys_v)),
-        dk(static_cast<std::size_t>(block_keys_v * head_dim)),
-        dv(static_cast<std::size_t>(block_keys_v * value_dim)) {}
+      : s(block_rows_v * block_keys_v),
+        th(block_rows_v * block_keys_v),
+        dp(block_rows_v * block_keys_v),
+        pt(block_rows_v * block_keys_v),
+        dst(block_rows_v * block_keys_v),
+        tmp(block_keys_v),
+        dpt(block_keys_v),
+        dk(block_keys_v * head_dim),
+        dv(block_keys_v * value_dim),
+        kt((head_dim + 1) * block_keys_v),  // one row more: reads past a sub-range
+        vt((value_dim + 1) * block_keys_v) {}
 };
 
 /// The union [first, last) of the keys of [j0, j1) that rows i0 .. i0 + nr - 1 may see (ignoring masks).
@@ -73,24 +77,76 @@ key_range block_key_range(attention_plan<T> const& p, index_t b, index_t i0, ind
   return u;
 }
 
-/// Scores of rows i0 .. i0 + nr - 1 (head h) for keys j0 .. j0 + nk - 1 into s[r * block_keys_v + t],
-/// formed as the forward pass forms them (scaled, Shaw, softcap with tanh kept in th, bias, masks).
-template <class Tr, class T, class E>
-void tile_scores(attention_plan<T> const& p, backward_views<T> const& io, E const& enc, index_t b, index_t h,
-                 index_t i0, index_t nr, index_t j0, index_t nk, T* s, T* th, T* tmp) noexcept {
-  using traits = encoder_traits<E>;
-  index_t const hk = p.kv_head(h);
-  T const* kt = io.k.ptr(b, j0, hk);
+/// x^T of n rows of `len` values (`ld` apart) into xt[len][block_keys_v]; columns n .. of each
+/// vector-padded row are zeros.
+template <class Tr, class T>
+void transpose_tile(T const* x, index_t ld, index_t n, index_t len, T* xt) noexcept {
+  index_t const padded = std::min(block_keys_v, (n + Tr::width_v - 1) / Tr::width_v * Tr::width_v);
+  for (index_t t = 0; t < n; ++t) {
+    T const* row = x + t * ld;
+    for (index_t d = 0; d < len; ++d) xt[d * block_keys_v + t] = row[d];
+  }
+  for (index_t d = 0; d < len; ++d) std::fill(xt + d * block_keys_v + n, xt + d * block_keys_v + padded, T(0));
+}
+
+/// s[g][0 .. nk) = sum_d x_g[d] * yt[d][0 .. nk) for NG rows: keys along the lanes of cv_v vectors, one
+/// broadcast of x_g[d] per vector of yt; no horizontal sums. yt rows are block_keys_v apart.
+template <class Tr, int NG>
+POSENC_ALWAYS_INLINE void lane_scores(typename Tr::value_type const* const* xr, typename Tr::value_type const* yt,
+                                      index_t nk, index_t len, typename Tr::value_type* const* s) noexcept {
+  using T = typename Tr::value_type;
+  using B = typename Tr::batch;
+  using A = typename Tr::arch;
+  constexpr index_t w_v = Tr::width_v;
+  constexpr int cv_v = NG * 4 + 4 + NG <= Tr::registers_v ? 4 : NG * 2 + 2 + NG <= Tr::registers_v ? 2 : 1;
+  auto chunk = [&](index_t c0, auto cv) {
+    constexpr int C = decltype(cv)::value;
+    B acc[fused::size_v<NG>][fused::size_v<C>];
+    for (int g = 0; g < NG; ++g)
+      for (int c = 0; c < C; ++c) acc[g][c] = B(T(0));
+    for (index_t d = 0; d < len; ++d) {
+      T const* yd = yt + d * block_keys_v + c0;
+      B y[fused::size_v<C>];
+      for (int c = 0; c < C; ++c) y[c] = simd::load<T, A>(yd + c * w_v);
+      for (int g = 0; g < NG; ++g) {
+        B const xv(xr[g][d]);
+        for (int c = 0; c < C; ++c) acc[g][c] = simd::fma(xv, y[c], acc[g][c]);
+      }
+    }
+    for (int g = 0; g < NG; ++g)
+      for (int c = 0; c < C; ++c) simd::store(s[g] + c0 + c * w_v, acc[g][c]);
+  };
+  index_t const padded = (nk + w_v - 1) / w_v * w_v;
+  index_t c0 = 0;
+  for (; c0 + cv_v * w_v <= padded; c0 += cv_v * w_v) chunk(c0, std::integral_constant<int, cv_v>{});
+  for (; c0 < padded; c0 += w_v) chunk(c0, std::integral_constant<int, 1>{});
+}
+
+/// s[r][0 .. nk) = x_r . y_t for rows x_r = x.ptr(b, i0 + r, h), r < nr, and the keys of yt (transposed,
+/// len x block_keys_v), in groups of row_group_v rows.
+template <class Tr, class T>
+void block_products(view<const T> const& x, index_t b, index_t h, index_t i0, index_t nr, T const* yt, index_t nk,
+                    index_t len, T* s) noexcept {
   fused::row_blocks<static_cast<int>(Tr::row_group_v)>(nr, [&](index_t r0, auto ng) {
     constexpr int NG = decltype(ng)::value;
-    T const* qr[NG];
+    T const* xr[NG];
     T* sr[NG];
     for (int g = 0; g < NG; ++g) {
-      qr[g] = io.q.ptr(b, i0 + r0 + g, h);
+      xr[g] = x.ptr(b, i0 + r0 + g, h);
       sr[g] = s + (r0 + g) * block_keys_v;
     }
-    fused::row_scores<Tr, NG>(qr, kt, io.k.seq_stride, nk, p.head_dim, sr);
+    lane_scores<Tr, NG>(xr, yt, nk, len, sr);
   });
+}
+
+/// Scores of rows i0 .. i0 + nr - 1 (head h) for keys j0 .. j0 + nk - 1 (transposed in kt) into
+/// s[r * block_keys_v + t], formed as the forward pass forms them (scaled, Shaw, softcap with tanh
+/// kept in th, bias, masks).
+template <class Tr, class T, class E>
+void tile_scores(attention_plan<T> const& p, backward_views<T> const& io, E const& enc, index_t b, index_t h,
+                 index_t i0, index_t nr, index_t j0, index_t nk, T const* kt, T* s, T* th, T* tmp) noexcept {
+  using traits = encoder_traits<E>;
+  block_products<Tr>(io.q, b, h, i0, nr, kt, nk, p.head_dim, s);
   T const scale = static_cast<T>(p.scale), cap = static_cast<T>(p.softcap);
   for (index_t r = 0; r < nr; ++r) {
     index_t const i = i0 + r;
@@ -141,7 +197,8 @@ void row_statistics(attention_plan<T> const& p, backward_views<T> const& io, E c
     key_range const u = block_key_range(p, b, i0, nr, 0, Sk);
     for (index_t j0 = u.first; j0 < u.last; j0 += block_keys_v) {
       index_t const nk = std::min(block_keys_v, u.last - j0);
-      tile_scores<Tr>(p, io, enc, b, h, i0, nr, j0, nk, sc.s.data(), sc.th.data(), sc.tmp.data());
+      transpose_tile<Tr>(io.k.ptr(b, j0, p.kv_head(h)), io.k.seq_stride, nk, p.head_dim, sc.kt.data());
+      tile_scores<Tr>(p, io, enc, b, h, i0, nr, j0, nk, sc.kt.data(), sc.s.data(), sc.th.data(), sc.tmp.data());
       for (index_t r = 0; r < nr; ++r) {
         T const* row = sc.s.data() + r * block_keys_v;
         T mt = m[r];
@@ -219,8 +276,8 @@ void tile_products(backward_views<T> const& io, index_t b, index_t h, index_t hk
     T const* pr = sc.s.data() + r * block_keys_v;
     T const* dr = sc.dp.data() + r * block_keys_v;
     for (index_t t = 0; t < nk; ++t) {
-      sc.pt[static_cast<std::size_t>(t * block_rows_v + r)] = pr[t];
-      sc.dst[static_cast<std::size_t>(t * block_rows_v + r)] = dr[t];
+      sc.pt[t * block_rows_v + r] = pr[t];
+      sc.dst[t * block_rows_v + r] = dr[t];
     }
   }
   fused::row_blocks<NG>(nk, [&](index_t t0, auto ng) {
@@ -260,6 +317,8 @@ void key_chunk(attention_plan<T> const& p, backward_views<T> const& io, E const&
     std::fill(sc.dk.begin(), sc.dk.end(), T(0));
     std::fill(sc.dv.begin(), sc.dv.end(), T(0));
     bool const keys_finite = fused::rows_finite<Tr>(io.k.ptr(b, j0, hk), io.k.seq_stride, nk, D);
+    transpose_tile<Tr>(io.k.ptr(b, j0, hk), io.k.seq_stride, nk, D, sc.kt.data());
+    transpose_tile<Tr>(io.v.ptr(b, j0, hk), io.v.seq_stride, nk, Dv, sc.vt.data());
     for (index_t h = h0; h < h_end; ++h) {
       T const* lse_h = lse + (b * p.q_heads + h) * Sq;
       T const* delta_h = delta + (b * p.q_heads + h) * Sq;
@@ -269,18 +328,9 @@ void key_chunk(attention_plan<T> const& p, backward_views<T> const& io, E const&
         key_range const u = block_key_range(p, b, i0, nr, j0, j0 + nk);
         if (u.empty()) continue;  // no row of the block sees a key of the tile
         index_t const k0 = u.first, nu = u.last - u.first;
-        tile_scores<Tr>(p, io, enc, b, h, i0, nr, k0, nu, sc.s.data(), sc.th.data(), sc.tmp.data());
-        // dP = dO V^T.
-        fused::row_blocks<static_cast<int>(Tr::row_group_v)>(nr, [&](index_t r0, auto ng) {
-          constexpr int NG = decltype(ng)::value;
-          T const* dr[NG];
-          T* pr[NG];
-          for (int gg = 0; gg < NG; ++gg) {
-            dr[gg] = io.dout.ptr(b, i0 + r0 + gg, h);
-            pr[gg] = sc.dp.data() + (r0 + gg) * block_keys_v;
-          }
-          fused::row_scores<Tr, NG>(dr, io.v.ptr(b, k0, hk), io.v.seq_stride, nu, Dv, pr);
-        });
+        tile_scores<Tr>(p, io, enc, b, h, i0, nr, k0, nu, sc.kt.data() + (k0 - j0), sc.s.data(), sc.th.data(),
+                        sc.tmp.data());
+        block_products<Tr>(io.dout, b, h, i0, nr, sc.vt.data() + (k0 - j0), nu, Dv, sc.dp.data());  // dP = dO V^T
         for (index_t r = 0; r < nr; ++r) {
           T* prob = sc.s.data() + r * block_keys_v;
           tile_probabilities<Tr>(prob, nu, lse_h[i0 + r]);
@@ -348,7 +398,8 @@ void fused_attention_backward(attention_plan<T> const& p, backward_views<T> cons
     row_statistics<Tr>(p, io, enc, b, h, sc, lse + task * Sq, delta + task * Sq);
   });
   index_t const tasks = pairs * chunks, per_task = p.group * Sq * D;
-  std::vector<T> part(static_cast<std::size_t>(tasks * per_task));
+  // Each task zeroes its own part first.
+  auto part = aligned_buffer<T>::uninitialized(tasks * per_task);
   std::vector<G> local(static_cast<std::size_t>(tasks), grads);
   for (G& g : local) g.set_zero();
   parallel_for(tasks, p.threads, [&](index_t task) {
