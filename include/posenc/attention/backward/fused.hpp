@@ -181,9 +181,9 @@ void row_statistics(attention_plan<T> const& p, backward_views<T> const& io, E c
   for (index_t i = 0; i < Sq; ++i) {
     T const* o = io.out.ptr(b, i, h);
     T const* d = io.dout.ptr(b, i, h);
-    T acc = 0;
-    for (index_t e = 0; e < Dv; ++e) acc += o[e] * d[e];
-    delta_out[i] = acc;
+    double acc = 0;  // in double: Delta cancels dP where few keys are visible (one key: dS = 0)
+    for (index_t e = 0; e < Dv; ++e) acc += static_cast<double>(o[e]) * static_cast<double>(d[e]);
+    delta_out[i] = static_cast<T>(acc);
   }
   if (p.lse) {
     for (index_t i = 0; i < Sq; ++i) lse_out[i] = p.lse[(b * p.q_heads + h) * Sq + i];
