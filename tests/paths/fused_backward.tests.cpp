@@ -194,6 +194,19 @@ TEST_CASE("fused backward: every option", "[fused][backward]") {
       CHECK(p.vdq()(0, 9, 1, d) == 0.0f);
     }
   }
+  SECTION("non-finite query and dout rows that see no key") {
+    attention_problem<float> p(1, 20, 70, 2, 1, 8, 8, 18);
+    bool bmask[20 * 70];
+    for (int t = 0; t < 20 * 70; ++t) bmask[t] = t % 3 != 0;
+    for (int j = 0; j < 70; ++j) bmask[4 * 70 + j] = false;  // row 4 sees nothing
+    p.opt.bool_mask = make_mask<bool>(bmask, 1, 1, 20, 70);
+    for (index_t h = 0; h < 2; ++h)
+      for (index_t d = 0; d < 8; ++d) {
+        p.vq()(0, 4, h, d) = std::numeric_limits<float>::quiet_NaN();
+        p.vdout()(0, 4, h, d) = std::numeric_limits<float>::infinity();
+      }
+    check_fused(p, none{}, no_gradients{}, "NaN rows that see no key");
+  }
   SECTION("GQA with Dv != D") {
     attention_problem<float> p(2, 33, 65, 6, 2, 12, 5, 16);
     p.opt.causal = true;

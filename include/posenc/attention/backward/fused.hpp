@@ -265,7 +265,7 @@ void tile_row_gradient(attention_plan<T> const& p, backward_views<T> const& io, 
 template <class Tr, class T>
 void tile_products(backward_views<T> const& io, index_t b, index_t h, index_t hk, index_t i0, index_t nr,
                    index_t j0, index_t nk, index_t D, index_t Dv, tile_scratch<T>& sc, T* dq_rows,
-                   bool keys_finite, index_t off) noexcept {
+                   bool keys_finite, bool rows_finite, index_t off) noexcept {
   constexpr int NG = static_cast<int>(Tr::row_group_v);
   T const ones[NG] = {T(1), T(1), T(1), T(1)};
   static_assert(NG == 4, "ones[] holds row_group_v values");
@@ -288,8 +288,15 @@ void tile_products(backward_views<T> const& io, index_t b, index_t h, index_t hk
       pr[g] = pt + (t0 + g) * block_rows_v;
       dr[g] = dst + (t0 + g) * block_rows_v;
     }
-    fused::row_values<Tr, G>(pr, ones, io.dout.ptr(b, i0, h), io.dout.seq_stride, nr, Dv, sc.dv.data() + (off + t0) * Dv);
-    fused::row_values<Tr, G>(dr, ones, io.q.ptr(b, i0, h), io.q.seq_stride, nr, D, sc.dk.data() + (off + t0) * D);
+    T* const dv = sc.dv.data() + (off + t0) * Dv;
+    T* const dk = sc.dk.data() + (off + t0) * D;
+    if (rows_finite) {
+      fused::row_values<Tr, G>(pr, ones, io.dout.ptr(b, i0, h), io.dout.seq_stride, nr, Dv, dv);
+      fused::row_values<Tr, G>(dr, ones, io.q.ptr(b, i0, h), io.q.seq_stride, nr, D, dk);
+    } else {  // a row with NaN or Inf in q or dO that sees no key of the tile adds nothing
+      fused::row_values<Tr, G, true>(pr, ones, io.dout.ptr(b, i0, h), io.dout.seq_stride, nr, Dv, dv);
+      fused::row_values<Tr, G, true>(dr, ones, io.q.ptr(b, i0, h), io.q.seq_stride, nr, D, dk);
+    }
   });
   T const* kt = io.k.ptr(b, j0, hk);
   fused::row_blocks<NG>(nr, [&](index_t r0, auto ng) {
@@ -339,7 +346,10 @@ void key_chunk(attention_plan<T> const& p, backward_views<T> const& io, E const&
                             dq_h + (i0 + r) * D, g);
         }
         // The products write keys k0 - j0 onward of the tile accumulators.
-        tile_products<Tr>(io, b, h, hk, i0, nr, k0, nu, D, Dv, sc, dq_h + i0 * D, keys_finite, k0 - j0);
+        bool const rows_finite = fused::rows_finite<Tr>(io.q.ptr(b, i0, h), io.q.seq_stride, nr, D) &&
+                                 fused::rows_finite<Tr>(io.dout.ptr(b, i0, h), io.dout.seq_stride, nr, Dv);
+        tile_products<Tr>(io, b, h, hk, i0, nr, k0, nu, D, Dv, sc, dq_h + i0 * D, keys_finite, rows_finite,
+                          k0 - j0);
       }
     }
     for (index_t t = 0; t < nk; ++t) {
