@@ -106,26 +106,34 @@ encoder_gradients_t<E> start_gradients(E const& enc) {
 /// (the tolerance rule: error <= 2x the plain float backward's + 1e-6), with
 /// the encoder make(T{}) builds; params(g, T{}) flattens its gradients in the
 /// order of `param_names`.
-template <class Make, class Params>
-void check_case(golden_case const& c, std::vector<std::string> const& param_names, Make make, Params params) {
-  std::vector<double> const want = expected(c.name, param_names);
+template <class Path, class Make, class Params>
+void check_path(golden_case const& c, std::vector<double> const& want, Make make, Params params) {
+  char const* const path_name = std::is_same_v<Path, path::fused> ? " (fused)" : " (reference)";
   {
     auto enc = make(double{});
-    auto got = run_case<path::reference, double>(c, enc, start_gradients(enc), params);
+    auto got = run_case<Path, double>(c, enc, start_gradients(enc), params);
     REQUIRE(got.size() == want.size());
     double const err = posenc_test::max_abs_diff(got, want);
-    INFO(c.name << " double: max error " << err);
+    INFO(c.name << path_name << " double: max error " << err);
     CHECK(err <= 1e-12);
   }
   {
     auto enc = make(float{});
-    auto got = run_case<path::reference, float>(c, enc, start_gradients(enc), params);
+    auto got = run_case<Path, float>(c, enc, start_gradients(enc), params);
     auto plain = run_case<posenc_test::plain_backward_path, float>(c, enc, start_gradients(enc), params);
     REQUIRE(got.size() == want.size());
     auto const r = posenc_test::within_tolerance(got, want, plain);
-    INFO(c.name << " float: " << r.describe());
+    INFO(c.name << path_name << " float: " << r.describe());
     CHECK(r.ok);
   }
+}
+
+/// check_path on the reference and the fused paths.
+template <class Make, class Params>
+void check_case(golden_case const& c, std::vector<std::string> const& param_names, Make make, Params params) {
+  std::vector<double> const want = expected(c.name, param_names);
+  check_path<path::reference>(c, want, make, params);
+  check_path<path::fused>(c, want, make, params);
 }
 
 auto const no_params = [](no_gradients const&, auto t) { return std::vector<decltype(t)>{}; };
@@ -211,6 +219,17 @@ TEST_CASE("golden backward: learned table by scatter-add", "[golden][backward]")
   auto const got = learned_table_gradient<path::reference, double>();
   CHECK(posenc_test::max_abs_diff(got, want) <= 1e-12);
   auto const gotf = learned_table_gradient<path::reference, float>();
+  auto const plain = learned_table_gradient<posenc_test::plain_backward_path, float>();
+  auto const r = posenc_test::within_tolerance(gotf, want, plain);
+  INFO(r.describe());
+  CHECK(r.ok);
+}
+
+TEST_CASE("golden backward: learned table by scatter-add, through the fused path", "[golden][backward]") {
+  std::vector<double> const want = rec<double>("learned/dtable");
+  auto const got = learned_table_gradient<path::fused, double>();
+  CHECK(posenc_test::max_abs_diff(got, want) <= 1e-12);
+  auto const gotf = learned_table_gradient<path::fused, float>();
   auto const plain = learned_table_gradient<posenc_test::plain_backward_path, float>();
   auto const r = posenc_test::within_tolerance(gotf, want, plain);
   INFO(r.describe());

@@ -8,6 +8,7 @@
 #include <functional>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <posenc/attention/attention.hpp>
@@ -134,17 +135,73 @@ inline void central_differences(fd_report& r, std::string const& name, std::vect
   r.tolerance = 1e-6 * std::max(r.largest, 1e-3);
 }
 
-/// Checks dq, dk, dv of attention with encoder `enc` on problem p (double) by central differences.
+/// An encoder's parameter gradients as one flat vector of doubles, in member order.
+inline void flatten_gradients(std::vector<double>&, posenc::no_gradients const&) {}
+template <class G>
+auto flatten_gradients(std::vector<double>& out, G const& g) -> decltype(g.table, void()) {
+  for (std::size_t i = 0; i < static_cast<std::size_t>(g.table.size()); ++i)
+    out.push_back(static_cast<double>(g.table.data()[i]));
+}
+template <class G>
+auto flatten_gradients(std::vector<double>& out, G const& g) -> decltype(g.slopes, void()) {
+  for (auto x : g.slopes) out.push_back(static_cast<double>(x));
+}
+template <class G>
+auto flatten_gradients(std::vector<double>& out, G const& g) -> decltype(g.key, g.value, void()) {
+  for (std::size_t i = 0; i < static_cast<std::size_t>(g.key.size()); ++i) out.push_back(static_cast<double>(g.key.data()[i]));
+  for (std::size_t i = 0; i < static_cast<std::size_t>(g.value.size()); ++i)
+    out.push_back(static_cast<double>(g.value.data()[i]));
+}
+template <class G>
+auto flatten_gradients(std::vector<double>& out, G const& g) -> decltype(g.parts, void()) {
+  std::apply([&](auto const&... p) { (flatten_gradients(out, p), ...); }, g.parts);
+}
+
+/// Checks dq, dk, dv of attention with encoder `enc` on problem p (double) by
+/// central differences, on the reference path and on the fused path (the
+/// report holds the worse of the two; the fused path's `where` says so).
+/// `g` receives the reference path's parameter gradients (the caller checks
+/// them by central differences); the fused path's, from a zeroed copy, must
+/// equal them to 1e-6 of the largest (so they pass the same check), and are
+/// part of the report. p's gradient buffers hold the fused path's afterwards.
 template <class E>
 fd_report check_input_gradients(attention_problem<double>& p, E const& enc, posenc::encoder_gradients_t<E>& g) {
-  p.gradients(enc, g);
-  std::vector<double> const dq = p.dq, dk = p.dk, dv = p.dv;
+  posenc::encoder_gradients_t<E> gf = g;
+  gf.set_zero();
+  std::vector<double> before;
+  flatten_gradients(before, g);
   fd_report r;
   auto loss = [&] { return p.loss(enc); };
-  central_differences(r, "dq", p.q, dq, loss);
-  central_differences(r, "dk", p.k, dk, loss);
-  central_differences(r, "dv", p.v, dv, loss);
-  return r;
+  p.gradients(enc, g);
+  {
+    std::vector<double> const dq = p.dq, dk = p.dk, dv = p.dv;
+    central_differences(r, "dq", p.q, dq, loss);
+    central_differences(r, "dk", p.k, dk, loss);
+    central_differences(r, "dv", p.v, dv, loss);
+  }
+  p.template gradients<posenc::path::fused>(enc, gf);
+  fd_report f;
+  {
+    std::vector<double> const dq = p.dq, dk = p.dk, dv = p.dv;
+    central_differences(f, "fused dq", p.q, dq, loss);
+    central_differences(f, "fused dk", p.k, dk, loss);
+    central_differences(f, "fused dv", p.v, dv, loss);
+  }
+  std::vector<double> ref_params, fused_params;
+  flatten_gradients(ref_params, g);
+  flatten_gradients(fused_params, gf);
+  for (std::size_t i = 0; i < fused_params.size(); ++i) {
+    double const want = ref_params[i] - (i < before.size() ? before[i] : 0.0);  // what this call added
+    f.largest = std::max(f.largest, std::abs(want));
+    double const err = std::abs(fused_params[i] - want);
+    if (!(err <= f.worst)) {
+      f.worst = err;
+      f.where = "fused parameter gradient [" + std::to_string(i) + "] " + std::to_string(fused_params[i]) +
+                " reference " + std::to_string(want);
+    }
+  }
+  f.tolerance = 1e-6 * std::max(f.largest, 1e-3);
+  return f.worst / f.tolerance > r.worst / r.tolerance ? f : r;
 }
 
 /// True when every value is finite.

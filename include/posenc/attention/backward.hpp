@@ -5,6 +5,7 @@
 #include <type_traits>
 
 #include "posenc/attention/attention.hpp"
+#include "posenc/attention/backward/fused.hpp"
 #include "posenc/attention/backward/plan.hpp"
 #include "posenc/attention/backward/reference.hpp"
 #include "posenc/attention/options.hpp"
@@ -82,10 +83,10 @@ void run_attention_backward(view<const T> q, view<const T> k, view<const T> v, v
 ///   path recomputes it (paths with `needs_lse` require it).
 /// - `opt.scores` must be null.
 ///
-/// @tparam Path path::reference (scalar, double accumulation: the oracle), or
-///         path::best (the fastest path with a backward pass: today the
-///         reference one). path::fused and path::materialized have none yet
-///         (a compile error says so).
+/// @tparam Path path::reference (scalar, double accumulation: the oracle),
+///         path::fused (flash-style tiles, SIMD, no Sq x Sk buffer), or
+///         path::best (the fastest path with a backward pass: the fused one).
+///         path::materialized has none yet (a compile error says so).
 /// @param q, k, v, out, opt  as given to (and returned by) posenc::attention
 /// @param dout (batch, Sq, Hq, Dv): gradient with respect to out
 /// @param dq, dk, dv  written: shapes of q, k, v; no byte shared with any input or each other

@@ -1,0 +1,367 @@
+// SPDX-License-Identifier: MIT
+// attention_backward on path::fused against the double reference: shapes around every tile and width, every option and encoder.
+#include <posenc/attention/backward.hpp>
+#include <posenc/encoding/alibi.hpp>
+#include <posenc/encoding/clipped_bias.hpp>
+#include <posenc/encoding/compose.hpp>
+#include <posenc/encoding/none.hpp>
+#include <posenc/encoding/rope.hpp>
+#include <posenc/encoding/shaw.hpp>
+#include <posenc/encoding/t5_bias.hpp>
+
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <new>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "support/backward_check.hpp"
+#include "support/catch.hpp"
+#include "support/random.hpp"
+#include "support/tolerance.hpp"
+
+// Allocation counter for the "nothing grows with Sq x Sk" test: every
+// operator new of this executable adds its size while counting is on.
+namespace {
+std::atomic<bool> g_counting{false};
+std::atomic<long long> g_bytes{0};
+void note(std::size_t n) {
+  if (g_counting.load(std::memory_order_relaxed)) g_bytes += static_cast<long long>(n);
+}
+// Out of line so that the compiler does not pair a visible malloc with delete.
+__attribute__((noinline)) void release(void* p) noexcept { std::free(p); }
+}  // namespace
+
+#if defined(__SANITIZE_ADDRESS__)
+#define POSENC_TEST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define POSENC_TEST_ASAN 1
+#endif
+#endif
+#ifdef POSENC_TEST_ASAN
+extern "C" const char* __asan_default_options() { return "alloc_dealloc_mismatch=0"; }
+#endif
+
+void* operator new(std::size_t n) {
+  note(n);
+  if (void* p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void* operator new[](std::size_t n) { return operator new(n); }
+void* operator new(std::size_t n, std::align_val_t a) {
+  note(n);
+  std::size_t const al = static_cast<std::size_t>(a);
+  if (void* p = std::aligned_alloc(al, (n + al - 1) / al * al)) return p;
+  throw std::bad_alloc();
+}
+void* operator new[](std::size_t n, std::align_val_t a) { return operator new(n, a); }
+void operator delete(void* p) noexcept { release(p); }
+void operator delete[](void* p) noexcept { release(p); }
+void operator delete(void* p, std::size_t) noexcept { release(p); }
+void operator delete[](void* p, std::size_t) noexcept { release(p); }
+void operator delete(void* p, std::align_val_t) noexcept { release(p); }
+void operator delete[](void* p, std::align_val_t) noexcept { release(p); }
+void operator delete(void* p, std::size_t, std::align_val_t) noexcept { release(p); }
+void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { release(p); }
+
+using namespace posenc;
+using posenc_test::attention_problem;
+using posenc_test::plain_backward_path;
+
+namespace {
+
+/// Every gradient of one backward call: dq, dk, dv, then the encoder's.
+struct all_gradients {
+  std::vector<double> dq, dk, dv, enc;
+};
+
+/// Runs the backward pass of problem p on Path (lse given or not), from a zeroed copy of g0.
+template <class Path, class T, class E, class G>
+all_gradients run(attention_problem<T>& p, E const& enc, G const& g0, bool with_lse) {
+  G g = g0;
+  g.set_zero();
+  p.template gradients<Path>(enc, g, with_lse);
+  all_gradients r;
+  r.dq.assign(p.dq.begin(), p.dq.end());
+  r.dk.assign(p.dk.begin(), p.dk.end());
+  r.dv.assign(p.dv.begin(), p.dv.end());
+  posenc_test::flatten_gradients(r.enc, g);
+  return r;
+}
+
+/// fused == reference under the tests' rule (2x the plain float backward's error + 1e-6), for every
+/// gradient; the fused result finite wherever the reference is.
+template <class T, class E, class G>
+void check_fused(attention_problem<T>& p, E const& enc, G const& g0, std::string const& what) {
+  for (bool with_lse : {false, true}) {
+    all_gradients const ref = run<path::reference>(p, enc, g0, with_lse);
+    all_gradients const plain = run<plain_backward_path>(p, enc, g0, with_lse);
+    all_gradients const got = run<path::fused>(p, enc, g0, with_lse);
+    auto one = [&](char const* name, std::vector<double> const& a, std::vector<double> const& r,
+                   std::vector<double> const& pl) {
+      auto const rep = posenc_test::within_tolerance(a, r, pl);
+      INFO(what << (with_lse ? ", lse given" : ", lse recomputed") << ": " << name << ": " << rep.describe());
+      CHECK(rep.ok);
+      CHECK(posenc_test::all_finite(a));
+    };
+    one("dq", got.dq, ref.dq, plain.dq);
+    one("dk", got.dk, ref.dk, plain.dk);
+    one("dv", got.dv, ref.dv, plain.dv);
+    one("encoder", got.enc, ref.enc, plain.enc);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("fused backward: sizes around every tile and vector width", "[fused][backward]") {
+  index_t const w = simd::width<float>;
+  std::vector<index_t> lengths = {1, w - 1, w, w + 1, 63, 64, 65, 129};
+  std::vector<index_t> dims = {1, w - 1, w, w + 1, 2 * w + 3};
+  std::uint64_t seed = 1000;
+  for (index_t sq : lengths)
+    // Sk = 1 (every row sees one key) is left to the other tests: there the reference's dS is 0
+    // exactly (row_dot = P dP), while the fused path's Delta = dO . O leaves rounding noise of
+    // the order of one float rounding of dP per row in dq and dk (docs/backward.md).
+    for (index_t sk : {index_t{2}, w + 1, index_t{64}, index_t{65}, std::max<index_t>(2, sq)})
+      for (bool causal : {false, true}) {
+        if (sq < 1 || sk < 1) continue;
+        index_t const d = dims[static_cast<std::size_t>(seed % dims.size())];
+        index_t const dv = dims[static_cast<std::size_t>((seed / 3) % dims.size())];
+        attention_problem<float> p(2, sq, sk, 4, 2, std::max<index_t>(1, d), std::max<index_t>(1, dv), seed++);
+        p.opt.causal = causal;
+        check_fused(p, none{}, no_gradients{},
+                    "Sq " + std::to_string(sq) + " Sk " + std::to_string(sk) + " D " + std::to_string(d) + " Dv " +
+                        std::to_string(dv) + (causal ? " causal" : ""));
+      }
+}
+
+TEST_CASE("fused backward: every option", "[fused][backward]") {
+  float const ninf = -std::numeric_limits<float>::infinity();
+  SECTION("scale, window, softcap") {
+    attention_problem<float> p(2, 70, 70, 4, 2, 9, 9, 11);
+    p.opt.scale = 0.7;
+    p.opt.sliding_window = 20;
+    p.opt.softcap = 2.0;
+    check_fused(p, none{}, no_gradients{}, "scale, window, softcap");
+  }
+  SECTION("query and key offsets, negative positions under causal") {
+    attention_problem<float> p(1, 40, 70, 2, 1, 8, 8, 12);
+    p.opt.q_positions = position_span(-10);
+    p.opt.causal = true;
+    check_fused(p, none{}, no_gradients{}, "negative query offset");
+  }
+  SECTION("per-batch offsets and explicit ids") {
+    attention_problem<float> p(2, 30, 67, 2, 2, 8, 8, 13);
+    std::vector<index_t> firsts = {37, 5};
+    std::vector<index_t> kid(2 * 67);
+    for (index_t b = 0; b < 2; ++b)
+      for (index_t j = 0; j < 67; ++j) kid[static_cast<std::size_t>(b * 67 + j)] = (j * 5) % 67;  // not consecutive
+    p.opt.q_positions = position_span::per_batch(firsts);
+    p.opt.k_positions = position_span::ids(kid.data(), 2, 67);
+    p.opt.causal = true;
+    check_fused(p, none{}, no_gradients{}, "per-batch query offsets, explicit key ids");
+  }
+  SECTION("key_lengths with non-finite padding keys and values") {
+    attention_problem<float> p(2, 66, 66, 2, 1, 8, 8, 14);
+    std::vector<index_t> lens = {13, 66};
+    p.opt.key_lengths = lens;
+    for (index_t j = 13; j < 66; ++j)
+      for (index_t d = 0; d < 8; ++d) {
+        p.vk()(0, j, 0, d) = std::numeric_limits<float>::quiet_NaN();
+        p.vv()(0, j, 0, d) = std::numeric_limits<float>::infinity();
+      }
+    check_fused(p, none{}, no_gradients{}, "key lengths, NaN padding");
+  }
+  SECTION("additive and boolean masks with fully masked rows") {
+    attention_problem<float> p(1, 20, 70, 2, 2, 8, 5, 15);
+    std::vector<float> m = posenc_test::random_vector<float>(20 * 70, 77);
+    for (index_t j = 0; j < 70; ++j) m[static_cast<std::size_t>(3 * 70 + j)] = ninf;
+    m[5] = ninf;
+    bool bmask[2 * 20 * 70];
+    for (int t = 0; t < 2 * 20 * 70; ++t) bmask[t] = (t * 7) % 5 != 0;
+    for (int j = 0; j < 70; ++j) bmask[20 * 70 + 9 * 70 + j] = false;
+    p.opt.mask = make_mask<float>(m.data(), 1, 1, 20, 70);
+    p.opt.bool_mask = make_mask<bool>(bmask, 1, 2, 20, 70);
+    check_fused(p, none{}, no_gradients{}, "masks");
+    no_gradients g;
+    p.gradients<path::fused>(none{}, g);
+    for (index_t d = 0; d < 8; ++d) {
+      CHECK(p.vdq()(0, 3, 0, d) == 0.0f);
+      CHECK(p.vdq()(0, 9, 1, d) == 0.0f);
+    }
+  }
+  SECTION("non-finite query and dout rows that see no key") {
+    attention_problem<float> p(1, 20, 70, 2, 1, 8, 8, 18);
+    bool bmask[20 * 70];
+    for (int t = 0; t < 20 * 70; ++t) bmask[t] = t % 3 != 0;
+    for (int j = 0; j < 70; ++j) bmask[4 * 70 + j] = false;  // row 4 sees nothing
+    p.opt.bool_mask = make_mask<bool>(bmask, 1, 1, 20, 70);
+    for (index_t h = 0; h < 2; ++h)
+      for (index_t d = 0; d < 8; ++d) {
+        p.vq()(0, 4, h, d) = std::numeric_limits<float>::quiet_NaN();
+        p.vdout()(0, 4, h, d) = std::numeric_limits<float>::infinity();
+      }
+    check_fused(p, none{}, no_gradients{}, "NaN rows that see no key");
+  }
+  SECTION("GQA with Dv != D") {
+    attention_problem<float> p(2, 33, 65, 6, 2, 12, 5, 16);
+    p.opt.causal = true;
+    check_fused(p, none{}, no_gradients{}, "GQA 6/2, D 12, Dv 5");
+  }
+  SECTION("no query heads for a kv head, and Sq = 0") {
+    attention_problem<float> p(1, 0, 9, 2, 2, 4, 4, 17);
+    check_fused(p, none{}, no_gradients{}, "Sq 0");
+  }
+}
+
+TEST_CASE("fused backward: every encoder", "[fused][backward]") {
+  SECTION("T5 buckets") {
+    t5_bias<float> enc(t5_bias_params{4, true, 16, 40}, 3u, 0.5);
+    attention_problem<float> p(2, 67, 67, 4, 2, 8, 8, 21);
+    p.opt.causal = true;
+    check_fused(p, enc, enc.make_gradients(), "T5");
+  }
+  SECTION("clipped bias") {
+    clipped_bias<float> enc(6, 4, 4u, 0.5);
+    attention_problem<float> p(1, 65, 70, 4, 4, 9, 9, 22);
+    check_fused(p, enc, enc.make_gradients(), "clipped");
+  }
+  SECTION("ALiBi with learned slopes, and softcap") {
+    alibi<float> enc(alibi_form::paper, 4);
+    attention_problem<float> p(1, 66, 66, 4, 1, 8, 8, 23);
+    p.opt.causal = true;
+    p.opt.softcap = 3.0;
+    check_fused(p, enc, enc.make_gradients(true), "ALiBi");
+  }
+  SECTION("Shaw keys and values") {
+    shaw<float> enc(5, 8, shaw_terms::keys_and_values, 5u, 0.5);
+    attention_problem<float> p(2, 65, 66, 2, 1, 8, 8, 24);
+    p.opt.causal = true;
+    check_fused(p, enc, enc.make_gradients(), "Shaw");
+  }
+  SECTION("RoPE, and keys_rotated") {
+    rope<float> enc(rope_layout::half_split, 16);
+    attention_problem<float> p(1, 65, 65, 2, 1, 16, 8, 25);
+    p.opt.causal = true;
+    check_fused(p, enc, no_gradients{}, "RoPE");
+    p.opt.keys_rotated = true;
+    check_fused(p, enc, no_gradients{}, "RoPE keys_rotated");
+  }
+  SECTION("compose(RoPE, T5)") {
+    rope<float> r(rope_layout::interleaved, 8);
+    t5_bias<float> t5(t5_bias_params{2, false, 8, 20}, 6u, 0.5);
+    auto enc = compose(r, t5);
+    attention_problem<float> p(1, 64, 64, 2, 2, 8, 8, 26);
+    check_fused(p, enc, enc.make_gradients(), "compose");
+  }
+}
+
+TEST_CASE("fused backward: strided and misaligned views give the contiguous result", "[fused][backward]") {
+  index_t const B = 2, Sq = 37, Sk = 70, Hq = 4, Hkv = 2, D = 9, Dv = 7;
+  attention_problem<float> p(B, Sq, Sk, Hq, Hkv, D, Dv, 131);
+  p.opt.causal = true;
+  p.opt.threads = 1;
+  no_gradients g;
+  p.gradients<path::fused>(none{}, g);
+  auto padded = [](std::vector<float>& buf, index_t b, index_t s, index_t h, index_t d) {
+    index_t const hs = d + 3, ss = h * hs + 1, bs = s * ss + 2;
+    buf.assign(static_cast<std::size_t>(b * bs + 1), -7.0f);
+    return view<float>{buf.data() + 1, b, s, h, d, bs, ss, hs, 1};
+  };
+  auto copy_into = [](view<float> dst, view<float> src) {
+    for (index_t b = 0; b < src.batch; ++b)
+      for (index_t s = 0; s < src.seq; ++s)
+        for (index_t h = 0; h < src.heads; ++h)
+          for (index_t d = 0; d < src.dim; ++d) dst(b, s, h, d) = src(b, s, h, d);
+  };
+  std::vector<float> qb, kb, vb, ob, dob, dqb, dkb, dvb;
+  view<float> q = padded(qb, B, Sq, Hq, D), k = padded(kb, B, Sk, Hkv, D), v = padded(vb, B, Sk, Hkv, Dv);
+  view<float> out = padded(ob, B, Sq, Hq, Dv), dout = padded(dob, B, Sq, Hq, Dv);
+  view<float> dq = padded(dqb, B, Sq, Hq, D), dk = padded(dkb, B, Sk, Hkv, D), dv = padded(dvb, B, Sk, Hkv, Dv);
+  copy_into(q, p.vq());
+  copy_into(k, p.vk());
+  copy_into(v, p.vv());
+  copy_into(out, p.vout());
+  copy_into(dout, p.vdout());
+  attention_backward<path::fused>(q, k, v, out, dout, dq, dk, dv, none{}, p.opt, g);
+  // Misaligned, strided rows change no sum's order: the same bits.
+  bool same = true;
+  for (index_t b = 0; b < B; ++b)
+    for (index_t s = 0; s < Sk; ++s) {
+      for (index_t h = 0; h < Hq && s < Sq; ++h)
+        for (index_t d = 0; d < D; ++d) same = same && dq(b, s, h, d) == p.vdq()(b, s, h, d);
+      for (index_t h = 0; h < Hkv; ++h) {
+        for (index_t d = 0; d < D; ++d) same = same && dk(b, s, h, d) == p.vdk()(b, s, h, d);
+        for (index_t d = 0; d < Dv; ++d) same = same && dv(b, s, h, d) == p.vdv()(b, s, h, d);
+      }
+    }
+  CHECK(same);
+  CHECK(dkb[0] == -7.0f);  // padding between rows never written
+  CHECK(dqb[0] == -7.0f);
+}
+
+TEST_CASE("fused backward: bit-identical reruns; 1 and 2 threads agree", "[fused][backward]") {
+  t5_bias<float> t5(t5_bias_params{2, true, 16, 40}, 9u, 0.3);
+  // One batch entry and one kv head: the key chunks give the second thread its work.
+  attention_problem<float> p(1, 150, 300, 2, 1, 16, 16, 91);
+  p.opt.causal = true;
+  std::vector<std::vector<double>> runs[3];
+  for (int threads : {1, 2, 1, 2}) {
+    p.opt.threads = threads;
+    all_gradients const r = run<path::fused>(p, t5, t5.make_gradients(), true);
+    runs[threads].push_back(r.dq);
+    runs[threads].back().insert(runs[threads].back().end(), r.dk.begin(), r.dk.end());
+    runs[threads].back().insert(runs[threads].back().end(), r.dv.begin(), r.dv.end());
+    runs[threads].back().insert(runs[threads].back().end(), r.enc.begin(), r.enc.end());
+  }
+  CHECK(runs[1][0] == runs[1][1]);
+  CHECK(runs[2][0] == runs[2][1]);
+  double worst = 0, largest = 0;
+  for (std::size_t i = 0; i < runs[1][0].size(); ++i) {
+    worst = std::max(worst, std::abs(runs[1][0][i] - runs[2][0][i]));
+    largest = std::max(largest, std::abs(runs[1][0][i]));
+  }
+  INFO("worst difference " << worst << " of largest " << largest);
+  CHECK(worst <= 1e-5 * std::max(1.0, largest));  // float reordering of the dq partial sums only
+  // And both agree with the reference under the tests' rule.
+  for (int threads : {1, 2}) {
+    p.opt.threads = threads;
+    check_fused(p, t5, t5.make_gradients(), "threads " + std::to_string(threads));
+  }
+}
+
+TEST_CASE("fused backward: no allocation grows with Sq x Sk", "[fused][backward]") {
+  alibi<float> enc(alibi_form::paper, 2);
+  auto measure = [&](index_t S, bool with_lse) {
+    attention_problem<float> p(1, S, S, 2, 1, 16, 16, 5);
+    p.opt.causal = true;
+    p.opt.threads = 2;
+    p.lse.assign(static_cast<std::size_t>(2 * S), 0.0f);
+    attention_options<float> o = p.opt;
+    o.lse = p.lse.data();
+    attention<path::fused>(p.vq(), p.vk(), p.vv(), p.vout(), enc, o);
+    if (!with_lse) o.lse = nullptr;
+    auto g = enc.make_gradients(true);
+    g_bytes = 0;
+    g_counting = true;
+    attention_backward<path::fused>(p.vq(), p.vk(), p.vv(), p.vout(), p.vdout(), p.vdq(), p.vdk(), p.vdv(), enc, o,
+                                    g);
+    g_counting = false;
+    return g_bytes.load();
+  };
+  for (bool with_lse : {false, true}) {
+    long long const small = measure(1024, with_lse), large = measure(2048, with_lse);
+    INFO((with_lse ? "lse given: " : "lse recomputed: ") << small << " -> " << large << " bytes");
+    // 1024 more tokens: what grows is linear, per token 16 bytes of positions, 16 of row
+    // statistics (lse and Delta of 2 heads) and 256 of dq partials (2 key chunks x 2 heads x
+    // 16 floats): 288 bytes. A Sq x Sk buffer would grow by 12 MiB (2048^2 - 1024^2 floats).
+    CHECK(large - small <= 288 * 1024 + 4096);
+    // Everything together (per-task scratch included) stays under 1/16 of one 2048 x 2048
+    // float score matrix.
+    CHECK(large < 2048 * 2048 * 4 / 16);
+  }
+}
