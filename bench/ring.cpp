@@ -2,12 +2,17 @@
 // Ring attention over MPI against one process on one thread, in the same run: speedup and time waiting for blocks.
 //
 // mpirun -np 2 ./posenc_bench_ring [--seq 16384] [--dim 128] [--heads 8] [--reps 3] [--layout zigzag|contiguous]
+//                                  [--backward]
 // One untimed call of each first; then each rep runs, alternately, posenc::attention over the whole sequence on rank 0 with one thread
 // (the other ranks wait) and ring_attention on every rank (opt.threads = 1: one thread per rank).
 // Prints per rep and the medians: seconds, GFLOP/s, the speedup, and the fraction of the ring call
 // spent in MPI_Waitall for the next key/value block (the largest over the ranks); the same speedup
 // in CPU seconds (robust to a machine shared with other work); and one ring step's transfer alone.
+// --backward times the gradients instead: attention_backward<path::fused> on rank 0 against
+// ring_attention_backward, both from their forward pass's output and log-sum-exp (computed once, untimed),
+// counting 2.5x the forward's flops.
 #include <posenc/distributed/ring.hpp>
+#include <posenc/distributed/ring_backward.hpp>
 #include <posenc/posenc.hpp>
 
 #include <mpi.h>
@@ -60,7 +65,7 @@ int main(int argc, char** argv) {
   namespace dist = posenc::distributed;
   index_t S = 16384, D = 128, H = 8;
   int reps = 3;
-  bool single = true;
+  bool single = true, backward = false;
   dist::shard_layout layout = dist::shard_layout::zigzag;
   for (int i = 1; i < argc; ++i) {
     std::string const a = argv[i];
@@ -70,11 +75,13 @@ int main(int argc, char** argv) {
     else if (a == "--heads") H = next();
     else if (a == "--reps") reps = static_cast<int>(next());
     else if (a == "--no-single") single = false;
+    else if (a == "--backward") backward = true;
     else if (a == "--layout" && i + 1 < argc)
       layout = std::strcmp(argv[++i], "contiguous") == 0 ? dist::shard_layout::contiguous : dist::shard_layout::zigzag;
   }
   // Causal: half of the S x S scores, 2 flops per multiply-add in q.k and in p v.
-  double const flops = 4.0 * static_cast<double>(S) * static_cast<double>(S) / 2 * static_cast<double>(H * D);
+  double const flops = (backward ? 2.5 : 1.0) * 4.0 * static_cast<double>(S) * static_cast<double>(S) / 2 *
+                       static_cast<double>(H * D);
 
   // This rank's shard (random data: the speed does not depend on it).
   std::vector<dist::segment> runs;
@@ -111,9 +118,47 @@ int main(int argc, char** argv) {
     fq = data(S * H * D, 2), fk = data(S * H * D, 12), fv = data(S * H * D, 22);
     fo.resize(fq.size());
   }
+  // --backward: the forward passes' outputs and log-sum-exp, once; the gradients' buffers.
+  std::vector<float> flse, lse, dout = data(n * H * D, 31), dq(q.size()), dk(k.size()), dv(v.size()), fdo, fdq, fdk, fdv;
+  if (backward) {
+    lse.resize(static_cast<std::size_t>(H * n));
+    opt.lse = lse.data();
+    dist::ring_attention(MPI_COMM_WORLD, posenc::make_bshd(q.data(), 1, n, H, D), posenc::make_bshd(k.data(), 1, n, H, D),
+                         posenc::make_bshd(v.data(), 1, n, H, D), posenc::make_bshd(out.data(), 1, n, H, D), rope, opt);
+    if (single && rank == 0) {
+      flse.resize(static_cast<std::size_t>(H * S));
+      fdo = data(S * H * D, 32);
+      fdq.resize(fq.size()), fdk.resize(fq.size()), fdv.resize(fq.size());
+      posenc::attention_options<float> fo_opt = opt;
+      fo_opt.lse = flse.data();
+      posenc::attention(posenc::make_bshd(fq.data(), 1, S, H, D), posenc::make_bshd(fk.data(), 1, S, H, D),
+                        posenc::make_bshd(fv.data(), 1, S, H, D), posenc::make_bshd(fo.data(), 1, S, H, D), rope, fo_opt);
+    }
+  }
+  auto const whole = [&](std::vector<float>& x) { return posenc::make_bshd(x.data(), 1, S, H, D); };
+  auto const mine = [&](std::vector<float>& x) { return posenc::make_bshd(x.data(), 1, n, H, D); };
+  auto const run_single = [&] {
+    posenc::attention_options<float> so = opt;
+    if (!backward) {
+      so.lse = nullptr;
+      posenc::attention(whole(fq), whole(fk), whole(fv), whole(fo), rope, so);
+      return;
+    }
+    so.lse = flse.data();
+    posenc::no_gradients g;
+    posenc::attention_backward<posenc::path::fused>(whole(fq), whole(fk), whole(fv), whole(fo), whole(fdo), whole(fdq),
+                                                    whole(fdk), whole(fdv), rope, so, g);
+  };
+  auto const run_ring = [&] {
+    if (!backward) return dist::ring_attention(MPI_COMM_WORLD, mine(q), mine(k), mine(v), mine(out), rope, opt);
+    posenc::no_gradients g;
+    return dist::ring_attention_backward(MPI_COMM_WORLD, mine(q), mine(k), mine(v), mine(out), mine(dout), mine(dq),
+                                         mine(dk), mine(dv), rope, opt, g);
+  };
   std::vector<double> t_single, t_ring, waits, c_single, c_ring;
   if (rank == 0)
-    std::printf("ranks %d, S %lld, D %lld, H %lld, causal RoPE, layout %s, 1 thread per rank\n", ranks,
+    std::printf("%s: ranks %d, S %lld, D %lld, H %lld, causal RoPE, layout %s, 1 thread per rank\n",
+                backward ? "backward" : "forward", ranks,
                 static_cast<long long>(S), static_cast<long long>(D), static_cast<long long>(H),
                 layout == dist::shard_layout::zigzag ? "zigzag" : "contiguous");
   for (int rep = -1; rep < reps; ++rep) {  // rep -1: warm-up, not reported
@@ -122,9 +167,7 @@ int main(int argc, char** argv) {
       if (rank == 0) {
         double const c0 = thread_cpu_seconds();
         auto const t0 = std::chrono::steady_clock::now();
-        posenc::attention(posenc::make_bshd(fq.data(), 1, S, H, D), posenc::make_bshd(fk.data(), 1, S, H, D),
-                          posenc::make_bshd(fv.data(), 1, S, H, D), posenc::make_bshd(fo.data(), 1, S, H, D), rope,
-                          static_cast<posenc::attention_options<float> const&>(opt));
+        run_single();
         double const ts = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         if (rep >= 0) {
           t_single.push_back(ts);
@@ -135,9 +178,7 @@ int main(int argc, char** argv) {
     quiet_barrier();
     double const c0 = thread_cpu_seconds();
     auto const t0 = std::chrono::steady_clock::now();
-    dist::ring_stats const st = dist::ring_attention(
-        MPI_COMM_WORLD, posenc::make_bshd(q.data(), 1, n, H, D), posenc::make_bshd(k.data(), 1, n, H, D),
-        posenc::make_bshd(v.data(), 1, n, H, D), posenc::make_bshd(out.data(), 1, n, H, D), rope, opt);
+    dist::ring_stats const st = run_ring();
     MPI_Barrier(MPI_COMM_WORLD);  // the ring is done when its last rank is
     double const t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     double const cpu = thread_cpu_seconds() - c0;

@@ -241,18 +241,55 @@ std::pair<view<const T>, view<const T>> block_views(T const* data, index_t batch
   return {k, v};
 }
 
+/// The positions at which this rank's queries and keys are rotated: the
+/// single-process call's rotation (plan_rotation) at the whole sequence's
+/// length. q_ids (shard), k_ids (batch x shard; padding keys clamped below the
+/// length).
+struct shard_rotation {
+  std::vector<index_t> q_ids, k_ids;
+  index_t length = 0;
+};
+
+/// Global positions of this rank's tokens (ids of its shard, offset by `offset`).
+template <class T>
+std::vector<index_t> shard_positions(ring_setup<T> const& st, int rank, index_t S, index_t offset) {
+  std::vector<index_t> ids(static_cast<std::size_t>(S));
+  for (index_t s = 0; s < S; ++s) ids[static_cast<std::size_t>(s)] = st.map.global_index(rank, s) + offset;
+  return ids;
+}
+
+/// The rotation of this rank's shard (B batch entries of S tokens).
+template <class T>
+shard_rotation rotation_of_shard(ring_setup<T> const& st, int rank, index_t B, index_t S) {
+  shard_rotation rot;
+  index_t const total = st.map.total;
+  // The largest key position that is not padding (or any key, when all are), or a larger query position, + 1.
+  index_t klen = 0;
+  for (index_t b = 0; b < B; ++b) klen = std::max(klen, st.key_len[static_cast<std::size_t>(b)]);
+  index_t const kmax = st.k_offset + (klen > 0 ? klen : total) - 1, qmax = st.q_offset + total - 1;
+  rot.length = std::max(kmax, qmax) + 1;
+  rot.q_ids = shard_positions(st, rank, S, st.q_offset);
+  for (auto& p : rot.q_ids) p = std::max<index_t>(p, 0);
+  rot.k_ids.resize(static_cast<std::size_t>(B * S));
+  for (index_t b = 0; b < B; ++b)
+    for (index_t s = 0; s < S; ++s) {
+      index_t const j = st.map.global_index(rank, s);
+      index_t const p = j + st.k_offset;
+      rot.k_ids[static_cast<std::size_t>(b * S + s)] =
+          j < st.key_len[static_cast<std::size_t>(b)] ? p : std::min(p, rot.length - 1);
+    }
+  return rot;
+}
+
 /// The second phase: validates this rank's share of the whole call with its
 /// global positions, then packs (and rotates) its first block. Throws posenc::error.
 template <class T, class E>
 void prepare(ring_setup<T>& st, int rank, view<const T> q, view<const T> k, view<const T> v, view<T> out,
              E const& enc, ring_options<T> const& opt) {
   using traits = encoder_traits<E>;
-  index_t const B = q.batch, S = q.seq, total = st.map.total;
-  std::vector<index_t> gpos(static_cast<std::size_t>(S));
-  for (index_t s = 0; s < S; ++s) gpos[static_cast<std::size_t>(s)] = st.map.global_index(rank, s);
-  std::vector<index_t> qids(gpos), kids(gpos);
-  for (auto& p : qids) p += st.q_offset;
-  for (auto& p : kids) p += st.k_offset;
+  index_t const B = q.batch, S = q.seq;
+  std::vector<index_t> const qids = shard_positions(st, rank, S, st.q_offset);
+  std::vector<index_t> const kids = shard_positions(st, rank, S, st.k_offset);
   attention_options<T> vo;
   vo.scale = opt.scale;
   vo.causal = opt.causal;
@@ -272,29 +309,13 @@ void prepare(ring_setup<T>& st, int rank, view<const T> q, view<const T> k, view
   view<T> const kp = pack(k, ws.blocks[0].data());
   pack(v, ws.blocks[0].data() + B * S * k.heads * k.dim);
   if constexpr (traits::rotates_queries_keys) {
-    // The single-process call's length (plan_rotation): the largest key
-    // position that is not padding (or any key, when all are), or a larger query position, + 1.
-    index_t klen = 0;
-    for (index_t b = 0; b < B; ++b) klen = std::max(klen, st.key_len[static_cast<std::size_t>(b)]);
-    index_t const kmax = st.k_offset + (klen > 0 ? klen : total) - 1, qmax = st.q_offset + total - 1;
-    index_t const length = std::max(kmax, qmax) + 1;
-    for (auto& p : qids) p = std::max<index_t>(p, 0);
+    shard_rotation const rot = rotation_of_shard(st, rank, B, S);
     fit(ws.q_rotated, B * S * q.heads * q.dim);
     view<T> const qp = pack(q, ws.q_rotated.data());
-    if (S > 0 && q.dim > 0) enc.rotate(qp, position_span::ids(qids.data(), 1, S), length);
-    if (!opt.keys_rotated && S > 0 && k.dim > 0) {
-      std::vector<index_t> bk(static_cast<std::size_t>(B * S));
-      for (index_t b = 0; b < B; ++b)
-        for (index_t s = 0; s < S; ++s) {
-          index_t const j = gpos[static_cast<std::size_t>(s)];
-          index_t const p = kids[static_cast<std::size_t>(s)];
-          bk[static_cast<std::size_t>(b * S + s)] =
-              j < st.key_len[static_cast<std::size_t>(b)] ? p : std::min(p, length - 1);
-        }
-      enc.rotate(kp, position_span::ids(bk.data(), B, S), length);
-    }
+    if (S > 0 && q.dim > 0) enc.rotate(qp, position_span::ids(rot.q_ids.data(), 1, S), rot.length);
+    if (!opt.keys_rotated && S > 0 && k.dim > 0) enc.rotate(kp, position_span::ids(rot.k_ids.data(), B, S), rot.length);
   } else {
-    (void)kp, (void)total;
+    (void)kp;
   }
 }
 

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// rotation_applied<E>: encoder E after its rotation was applied to q and k, acting everywhere else as E.
+// rotation_applied<E>: encoder E after its rotation was applied to q and k, acting everywhere else as E (backward too).
 #pragma once
 
 #include <utility>
@@ -17,6 +17,9 @@ template <class E>
 class rotation_applied {
  public:
   using value_type = typename posenc::detail::declared_value_type<E>::type;
+
+  /// E's parameter gradients (the rotation has none).
+  using gradients = encoder_gradients_t<E>;
 
   explicit rotation_applied(E const& enc) noexcept : enc_(&enc) {}
 
@@ -59,6 +62,33 @@ class rotation_applied {
   template <class F = E>
   auto head_dim() const -> decltype(index_t(std::declval<F const&>().head_dim())) {
     return enc_->head_dim();
+  }
+  /// E's make_gradients().
+  gradients make_gradients() const { return posenc::make_gradients(*enc_); }
+  /// E's check_gradients().
+  void check_gradients(char const* where, gradients const& g) const {
+    posenc::detail::check_encoder_gradients(where, *enc_, g);
+  }
+  /// E's bias_row_backward, when E has one.
+  template <class U, class F = E>
+  auto bias_row_backward(index_t head, index_t q_pos, index_t k_first, index_t count, U const* dbias,
+                         gradients& g) const noexcept
+      -> decltype(std::declval<F const&>().bias_row_backward(head, q_pos, k_first, count, dbias, g)) {
+    return enc_->bias_row_backward(head, q_pos, k_first, count, dbias, g);
+  }
+  /// E's score_row_backward (Shaw), when E has one.
+  template <class U, class F = E>
+  auto score_row_backward(U const* q, index_t q_pos, index_t k_first, index_t count, U scale, U const* dscore, U* dq,
+                          gradients& g) const noexcept
+      -> decltype(std::declval<F const&>().score_row_backward(q, q_pos, k_first, count, scale, dscore, dq, g)) {
+    return enc_->score_row_backward(q, q_pos, k_first, count, scale, dscore, dq, g);
+  }
+  /// E's value_row_backward (Shaw), when E has one.
+  template <class U, class F = E>
+  auto value_row_backward(U const* p, U const* dout, index_t q_pos, index_t k_first, index_t count, U* dp,
+                          gradients& g) const noexcept
+      -> decltype(std::declval<F const&>().value_row_backward(p, dout, q_pos, k_first, count, dp, g)) {
+    return enc_->value_row_backward(p, dout, q_pos, k_first, count, dp, g);
   }
 
  private:
