@@ -115,7 +115,7 @@ void check_ring_backward(problem const& p, E const& enc, dist::ring_options<floa
     return dq;
   };
   auto const ref = single(posenc::path::reference{});
-  auto const plain = single(posenc_test::plain_backward_path{});
+  auto const plain = single(posenc_test::plain_flash_backward_path{});  // the blocks run the fused path
   REQUIRE(got.size() == ref.size());
   auto const rep = posenc_test::within_tolerance(got, ref, plain, 1e-6);
   INFO(what << " on " << R << " ranks: " << rep.describe());

@@ -120,7 +120,7 @@ void check_path(golden_case const& c, std::vector<double> const& want, Make make
   {
     auto enc = make(float{});
     auto got = run_case<Path, float>(c, enc, start_gradients(enc), params);
-    auto plain = run_case<posenc_test::plain_backward_path, float>(c, enc, start_gradients(enc), params);
+    auto plain = run_case<posenc_test::plain_backward_for<Path>, float>(c, enc, start_gradients(enc), params);
     REQUIRE(got.size() == want.size());
     auto const r = posenc_test::within_tolerance(got, want, plain);
     INFO(c.name << path_name << " float: " << r.describe());

@@ -14,13 +14,26 @@
 #include <posenc/attention/attention.hpp>
 #include <posenc/attention/backward.hpp>
 
+#include <type_traits>
+
 #include "support/random.hpp"
 
 namespace posenc_test {
 
-/// Path tag of the plain float backward of the tolerance rule: the
-/// reference backward accumulating in T instead of double.
+/// Path tag of the plain float backward of the tolerance rule for the
+/// reference formulas: the reference backward accumulating in T instead of double.
 struct plain_backward_path {};
+
+/// The same for the fused path's formulas: Delta = dO . O from the forward
+/// output, as flash-style backward passes compute it. In a row that sees one
+/// key the exact dS is 0, and both this and the fused path carry the rounding
+/// of the float output O into it.
+struct plain_flash_backward_path {};
+
+/// The plain float backward that path P is held to.
+template <class P>
+using plain_backward_for = std::conditional_t<std::is_same_v<P, posenc::path::fused>, plain_flash_backward_path,
+                                              plain_backward_path>;
 
 }  // namespace posenc_test
 
@@ -33,6 +46,16 @@ struct backward_kernel<posenc_test::plain_backward_path> {
   static void run(attention_plan<T> const& p, backward_views<T> const& io, E const& enc,
                   encoder_gradients_t<E>& grads) {
     reference_attention_backward<T>(p, io, enc, grads);
+  }
+};
+template <>
+struct backward_kernel<posenc_test::plain_flash_backward_path> {
+  static constexpr bool available = true;
+  static constexpr bool needs_lse = false;
+  template <class T, class E>
+  static void run(attention_plan<T> const& p, backward_views<T> const& io, E const& enc,
+                  encoder_gradients_t<E>& grads) {
+    reference_attention_backward<T, row_delta::output>(p, io, enc, grads);
   }
 };
 }  // namespace posenc::detail

@@ -24,7 +24,13 @@ namespace posenc::detail {
 /// head and the dq rows of the query heads of its group, and a zeroed copy
 /// of the encoder gradients, added into `grads` in task order afterwards. So
 /// the result is the same, bit for bit, for every thread count.
-template <class Acc, class T, class E>
+/// Where a row's Delta = dO . O of dS = P (dP - Delta) comes from.
+enum class row_delta {
+  keys,    ///< sum_j P_ij dP_ij over the row's keys (the oracle: exact for any set of keys)
+  output,  ///< dO_i . O_i from the forward output, as flash-style paths compute it
+};
+
+template <class Acc, row_delta Delta = row_delta::keys, class T, class E>
 void reference_attention_backward(attention_plan<T> const& p, backward_views<T> const& io, E const& enc,
                                   encoder_gradients_t<E>& grads) {
   using traits = encoder_traits<E>;
@@ -112,7 +118,12 @@ void reference_attention_backward(attention_plan<T> const& p, backward_views<T> 
           for (std::size_t j = 0; j < sk; ++j) dp[j] += prob[j] != 0 ? static_cast<Acc>(dp_t[j]) : Acc(0);
         }
         Acc row_dot = 0;
-        for (std::size_t j = 0; j < sk; ++j) row_dot += prob[j] * dp[j];
+        if constexpr (Delta == row_delta::keys) {
+          for (std::size_t j = 0; j < sk; ++j) row_dot += prob[j] * dp[j];
+        } else {
+          T const* oi = io.out.ptr(b, i, h);
+          for (index_t d = 0; d < Dv; ++d) row_dot += static_cast<Acc>(doi[d]) * static_cast<Acc>(oi[d]);
+        }
 
         // dS, the encoder's bias gradient, then through the softcap to the raw score.
         for (std::size_t j = 0; j < sk; ++j) {
