@@ -300,3 +300,32 @@ TEST_CASE("multi_head_attention::backward rejects bad input before writing anyth
                       posenc_test::contains("scores is set, expected null"));
   untouched();
 }
+
+TEST_CASE("multi_head_attention::backward: the example of docs/backward.md", "[module][backward][docs]") {
+  index_t const batch = 2, seq = 6, heads = 4, model = 16;
+  posenc::mha_config const cfg{model, heads};
+  std::vector<float> wq = random_vector<float>(model * model, 1), wk = random_vector<float>(model * model, 2),
+                     wv = random_vector<float>(model * model, 3), wo = random_vector<float>(model * model, 4);
+  std::vector<float> xs = random_vector<float>(batch * seq * model, 5), dys = random_vector<float>(xs.size(), 6),
+                     ys(xs.size()), dxs(xs.size());
+  auto x = posenc::make_bsd(xs.data(), batch, seq, model), y = posenc::make_bsd(ys.data(), batch, seq, model);
+  auto dy = posenc::make_bsd(dys.data(), batch, seq, model), dx = posenc::make_bsd(dxs.data(), batch, seq, model);
+  posenc::t5_bias<float> t5(posenc::t5_bias_params{heads}, 7u);
+  posenc::attention_options<float> opt;
+  opt.causal = true;
+  // --- as in docs/backward.md ---
+  posenc::multi_head_attention<posenc::t5_bias<float>, float> layer(cfg, t5);
+  layer.load(wq.data(), wk.data(), wv.data(), wo.data());
+  decltype(layer)::saved s;                            // the caller owns the activations
+  layer.forward(x, y, opt, s);                         // prefill; fills s
+  auto g = layer.make_gradients();                     // zeros shaped like the weights
+  layer.backward(x, dy, dx, s, g, opt);                // writes dx, adds into g
+  // ---
+  std::vector<float> y2(ys.size());
+  layer.forward(x, posenc::make_bsd(y2.data(), batch, seq, model), opt);
+  CHECK(ys == y2);  // the saving forward gives the same output
+  CHECK(g.encoder.table.rows() == 32);
+  CHECK(posenc_test::all_finite(dxs));
+  CHECK(g.w_q.cwiseAbs().maxCoeff() > 0.0f);
+  CHECK(g.encoder.table.cwiseAbs().maxCoeff() > 0.0f);
+}
