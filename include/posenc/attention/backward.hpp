@@ -124,6 +124,10 @@ void run_attention_backward(view<const T> q, view<const T> k, view<const T> v, v
 ///   log-sum-exp, from which the probabilities are recomputed; when null the
 ///   path recomputes it (paths with `needs_lse` require it).
 /// - `opt.scores` must be null.
+/// - Transformer-XL (an encoder with a content bias): its u is added to q as
+///   in the forward pass and d(u) gathered from dq; a memory longer than its
+///   memory_length() gets zero dk and dv for the cut keys. Reference path
+///   only (path::best picks it; path::fused is a compile error).
 ///
 /// @tparam Path path::reference (scalar, double accumulation: the oracle), or
 ///         path::best (the fastest path with a backward pass: today the
@@ -177,7 +181,8 @@ void attention_backward(view<const detail::identity_t<T>> q, view<const detail::
                   "posenc::attention_backward: the fused path has no backward for an encoder with a content "
                   "bias (transformer_xl); use path::reference (path::best picks it for this encoder)");
     if constexpr (!encoder_traits<E>::adds_to_embeddings && keeps_encoder_contract_v<E, T> &&
-                  problem == detail::backward_problem::none) {
+                  problem == detail::backward_problem::none &&
+                  !(std::is_same_v<P, path::fused> && detail::fused_backward_excluded<E>::value)) {
       if constexpr (!detail::backward_kernel<P>::available) {
         static_assert(detail::dependent_false_v<E>,
                       "posenc::attention_backward: this path has no backward pass yet; use path::reference "

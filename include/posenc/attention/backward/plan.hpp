@@ -6,14 +6,16 @@
 //
 //   backward_views<T>                     q, k, v, out, dout (read) and dq, dk, dv (written);
 //                                         q and k as the kernel sees them (rotated copies
-//                                         when the encoder rotates, see below)
+//                                         when the encoder rotates, q + u with a content
+//                                         bias; see below)
 //   validate_backward(...)                every argument of attention_backward; throws
 //                                         posenc::error ("posenc::attention_backward: <arg>
 //                                         is <value>, expected <what>") before anything is written
 //   encoder_bias_backward, encoder_score_backward, encoder_value_backward
 //                                         the encoder's backward hooks over the key runs of
 //                                         one query row, as encoder_terms / encoder_values
-//                                         call the forward hooks
+//                                         call the forward hooks (encoder_score_backward
+//                                         takes the head, for per-head tables)
 //   backward_kernel<Path>                 dispatcher; the primary template has `available =
 //                                         false` and a run() that static_asserts. A path
 //                                         specializes it with
@@ -24,7 +26,7 @@
 //                       encoder_gradients_t<E>& grads);
 //     `run` writes every element of dq, dk and dv (zeros where no gradient flows) as
 //     gradients with respect to the q and k it is given (the entry point applies the
-//     encoder's rotate_transpose afterwards), and adds the encoder's parameter gradients
+//     encoder's rotate_transpose, or content_bias_backward, afterwards), and adds the encoder's parameter gradients
 //     into grads (zeroed per-task copies added in task order: the same bits for any
 //     thread count). plan.lse, when non-null, holds the forward log-sum-exp (input).
 //
