@@ -534,3 +534,46 @@ TEST_CASE("backward: no query rows or no query heads give zero dk and dv", "[bac
     std::fill(dv.begin(), dv.end(), 5.0);
   }
 }
+
+TEST_CASE("backward: Transformer-XL's u, v and W_R by central differences", "[backward][transformer_xl]") {
+  index_t const H = 2, D = 3, P = 4, L = 8;
+  std::vector<double> u = posenc_test::random_vector<double>(static_cast<std::size_t>(H * D), 51, -0.5, 0.5);
+  std::vector<double> v = posenc_test::random_vector<double>(static_cast<std::size_t>(H * D), 52, -0.5, 0.5);
+  std::vector<double> wr = posenc_test::random_vector<double>(static_cast<std::size_t>(H * D * P), 53, -0.5, 0.5);
+  struct config {
+    char const* name;
+    index_t sq, sk, hkv, memory_length;
+    bool causal;
+    double softcap;
+  };
+  config const configs[] = {{"memory 3, causal", 4, 7, H, 0, true, 0.0},
+                            {"no memory, bidirectional, softcap", 5, 5, H, 0, false, 2.0},
+                            {"memory cut from 4 to 2, GQA", 3, 7, 1, 2, true, 0.0}};
+  for (config const& c : configs) {
+    auto make = [&] {
+      return transformer_xl<double>(L, as_table(u, H, D), as_table(v, H, D), as_table(wr, H * D, P), c.memory_length);
+    };
+    attention_problem<double> p(2, c.sq, c.sk, H, c.hkv, D, 2, 54);
+    p.opt.causal = c.causal;
+    p.opt.softcap = c.softcap;
+    auto enc = make();
+    auto g = enc.make_gradients();
+    fd_report r = check_input_gradients(p, enc, g);
+    std::vector<double> const gu = flat(g.u), gv = flat(g.v), gw = flat(enc.w_r_gradient(g));
+    auto loss = [&] { return p.loss(make()); };
+    central_differences(r, "d(u)", u, gu, loss);
+    central_differences(r, "d(v)", v, gv, loss);
+    central_differences(r, "d(W_R)", wr, gw, loss);
+    INFO(c.name << ": " << r.describe());
+    CHECK(r.ok());
+    if (c.memory_length > 0) {  // the cut keys get no gradient
+      index_t const cut = c.sk - c.sq - c.memory_length;
+      for (index_t b = 0; b < 2; ++b)
+        for (index_t j = 0; j < cut; ++j)
+          for (index_t h = 0; h < c.hkv; ++h) {
+            CHECK(p.vdk().ptr(b, j, h)[0] == 0.0);
+            CHECK(p.vdv().ptr(b, j, h)[1] == 0.0);
+          }
+    }
+  }
+}

@@ -2,6 +2,7 @@
 // attention_backward: every bad argument throws before dq, dk, dv or the encoder's gradients are written.
 #include <posenc/posenc.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -11,6 +12,7 @@
 #include "support/backward_check.hpp"
 #include "support/catch.hpp"
 #include "support/error_of.hpp"
+#include "support/transformer_xl.hpp"
 
 using namespace posenc;
 
@@ -202,5 +204,57 @@ TEST_CASE("attention_backward: bad ALiBi and Shaw gradients, learned add_to_back
     m = posenc_test::error_of(
         [&] { enc.add_to_backward(make_bsd(static_cast<float const*>(dx.data()), 1, 3, 2), position_span(0), g); });
     CHECK(m == "posenc::learned::add_to_backward: grads.table has 5 values, expected 8 (rows 4 x d_model 2)");
+  }
+}
+
+TEST_CASE("attention_backward: Transformer-XL gradients of the wrong shape, nothing written", "[errors][backward]") {
+  auto const enc = posenc_test::random_transformer_xl<float>(2, 4, 6, 8, 3);
+  index_t const B = 1, S = 4, H = 2, D = 4;
+  std::vector<float> q = posenc_test::random_vector<float>(static_cast<std::size_t>(B * S * H * D), 5), k = q, v = q,
+                     out(q.size()), dout = q, dq(q.size(), 7.0f), dk(q.size(), 7.0f), dv(q.size(), 7.0f);
+  auto at = [&](std::vector<float>& x) { return make_bshd(x.data(), B, S, H, D); };
+  attention_options<float> opt;
+  opt.causal = true;
+  attention<path::reference>(at(q), at(k), at(v), at(out), enc, opt);
+  struct bad_case {
+    char const* what;
+    index_t which, rows, cols;
+    char const* message;
+  };
+  bad_case const cases[] = {
+      {"u", 0, 3, 4, "posenc::attention_backward: grads.u shape is (3, 4), expected (2, 4) (heads, head_dim)"},
+      {"v", 1, 2, 5, "posenc::attention_backward: grads.v shape is (2, 5), expected (2, 4) (heads, head_dim)"},
+      {"r", 2, 17, 4,
+       "posenc::attention_backward: grads.r shape is (17, 4), expected (34, 4) (heads x (2 x distance_limit + 1), "
+       "head_dim)"}};
+  for (bad_case const& c : cases) {
+    auto g = enc.make_gradients();
+    relative_table<float>* const t[3] = {&g.u, &g.v, &g.r};
+    *t[c.which] = relative_table<float>::Zero(c.rows, c.cols);
+    auto const before = g;
+    std::string const m = posenc_test::error_of([&] {
+      attention_backward<path::reference>(at(q), at(k), at(v), at(out), at(dout), at(dq), at(dk), at(dv), enc, opt, g);
+    });
+    INFO(c.what);
+    CHECK(m == c.message);
+    CHECK(std::all_of(dq.begin(), dq.end(), [](float x) { return x == 7.0f; }));
+    CHECK(std::all_of(dk.begin(), dk.end(), [](float x) { return x == 7.0f; }));
+    CHECK(g.u == before.u);
+    CHECK(g.v == before.v);
+    CHECK(g.r == before.r);
+    std::string const w = posenc_test::error_of([&] { (void)enc.w_r_gradient(g); });
+    CHECK(w.rfind("posenc::transformer_xl::w_r_gradient: grads.", 0) == 0);
+  }
+  SECTION("a visible pair beyond distance_limit is an error, nothing written") {
+    auto const short_enc = posenc_test::random_transformer_xl<float>(2, 4, 6, 2, 3);
+    auto g = short_enc.make_gradients();
+    attention_options<float> full;  // bidirectional: distance 3 is visible
+    std::string const m = posenc_test::error_of([&] {
+      attention_backward<path::reference>(at(q), at(k), at(v), at(out), at(dout), at(dq), at(dk), at(dv), short_enc,
+                                          full, g);
+    });
+    CHECK(m.rfind("posenc::attention_backward: ", 0) == 0);
+    CHECK(m.find("distance_limit") != std::string::npos);
+    CHECK(std::all_of(dq.begin(), dq.end(), [](float x) { return x == 7.0f; }));
   }
 }

@@ -8,6 +8,7 @@
 
 #include "support/backward_check.hpp"
 #include "support/catch.hpp"
+#include "support/transformer_xl.hpp"
 
 using namespace posenc;
 using posenc_test::attention_problem;
@@ -74,6 +75,16 @@ TEST_CASE("backward property 1: relative encoders' gradients do not change when 
       CHECK(same(a, b, 0.0));
       CHECK(a.g.key == b.g.key);
       CHECK(a.g.value == b.g.value);
+    }
+    SECTION("Transformer-XL, shift " + std::to_string(shift)) {
+      auto const enc = posenc_test::random_transformer_xl<double>(2, 4, 6, 8, 7);
+      auto a = gradients_at(enc, 2, 0, enc.make_gradients());
+      auto b = gradients_at(enc, 2 + shift, shift, enc.make_gradients());
+      CHECK(same(a, b, 0.0));  // the same distances, the same arithmetic
+      CHECK(a.g.u == b.g.u);
+      CHECK(a.g.v == b.g.v);
+      CHECK(a.g.r == b.g.r);
+      CHECK(enc.w_r_gradient(a.g) == enc.w_r_gradient(b.g));
     }
     SECTION("RoPE, shift " + std::to_string(shift)) {
       rope<double> enc(rope_layout::half_split, 4);

@@ -18,6 +18,12 @@
 namespace posenc {
 namespace detail {
 
+/// Encoders the fused backward does not handle (yet): those with a content
+/// bias (transformer_xl); path::best takes the reference path for them and
+/// path::fused is a compile error.
+template <class E>
+struct fused_backward_excluded : has_any_content_bias<E> {};
+
 /// The backward path that runs for tag `Path`: path::best picks the fused
 /// path once it has a backward pass, else the reference one.
 template <class Path, class D>
@@ -26,7 +32,8 @@ struct backward_path {
 };
 template <class D>
 struct backward_path<path::best, D> {
-  using type = std::conditional_t<backward_kernel<typename dependent_path<path::fused, D>::type>::available,
+  using type = std::conditional_t<backward_kernel<typename dependent_path<path::fused, D>::type>::available &&
+                                      !fused_backward_excluded<D>::value,
                                   path::fused, path::reference>;
 };
 
@@ -46,7 +53,43 @@ void run_attention_backward(view<const T> q, view<const T> k, view<const T> v, v
   validate_backward(w, q, k, v, out, dout, dq, dk, dv, enc, opt, grads, K::needs_lse);
   plan.lse = opt.lse;  // an input here: the forward pass's log-sum-exp
 
+  if constexpr (has_memory_length<E>::value) {
+    // The forward pass cut a memory longer than the encoder's M keys to its
+    // last M: the cut keys get no gradient, the rest that of the cut call.
+    index_t const M = enc.memory_length();
+    if (M > 0 && k.seq - q.seq > M) {
+      index_t const cut = k.seq - q.seq - M;
+      memory_cut<T> const c(q, k, v, opt, cut);
+      for (index_t b = 0; b < dk.batch; ++b)
+        for (index_t j = 0; j < cut; ++j)
+          for (index_t h = 0; h < dk.heads; ++h) {
+            T* a = dk.ptr(b, j, h);
+            T* z = dv.ptr(b, j, h);
+            for (index_t d = 0; d < dk.dim; ++d) a[d] = T(0);
+            for (index_t d = 0; d < dv.dim; ++d) z[d] = T(0);
+          }
+      view<T> dkc = dk, dvc = dv;
+      dkc.data += cut * dk.seq_stride;
+      dkc.seq -= cut;
+      dvc.data += cut * dv.seq_stride;
+      dvc.seq -= cut;
+      run_attention_backward<Path>(q, c.k, c.v, out, dout, dq, dkc, dvc, enc, c.opt, grads);
+      return;
+    }
+  }
+
   backward_views<T> io{q, k, v, out, dout, dq, dk, dv};
+  if constexpr (has_content_bias<E, T>::value) {
+    // Transformer-XL's u: the paths see q + u (as the forward pass's), so dq
+    // is also the gradient of the shifted query; each row adds it to d(u).
+    aligned_buffer<T> qbuf;
+    if (plan.batch > 0 && plan.q_len > 0 && plan.q_heads > 0) io.q = content_shifted(q, qbuf, enc);
+    K::run(plan, io, enc, grads);
+    for (index_t b = 0; b < dq.batch; ++b)
+      for (index_t i = 0; i < dq.seq; ++i)
+        for (index_t h = 0; h < dq.heads; ++h) enc.content_bias_backward(h, dq.ptr(b, i, h), grads);
+    return;
+  }
   if constexpr (encoder_traits<E>::rotates_queries_keys) {
     rotation_plan const rot = plan_rotation<false>(plan, enc, opt.keys_rotated);
     if (rot.route == rotation_route::copies && plan.batch > 0 && plan.q_len > 0 && plan.q_heads > 0) {
@@ -82,6 +125,10 @@ void run_attention_backward(view<const T> q, view<const T> k, view<const T> v, v
 ///   log-sum-exp, from which the probabilities are recomputed; when null the
 ///   path recomputes it (paths with `needs_lse` require it).
 /// - `opt.scores` must be null.
+/// - Transformer-XL (an encoder with a content bias): its u is added to q as
+///   in the forward pass and d(u) gathered from dq; a memory longer than its
+///   memory_length() gets zero dk and dv for the cut keys. Reference path
+///   only (path::best picks it; path::fused is a compile error).
 ///
 /// @tparam Path path::reference (scalar, double accumulation: the oracle),
 ///         path::fused (flash-style tiles, SIMD, no Sq x Sk buffer), or
@@ -125,10 +172,18 @@ void attention_backward(view<const detail::identity_t<T>> q, view<const detail::
                   "posenc::attention_backward: the encoder adds relative key/value terms but lacks "
                   "`score_row_backward` or `value_row_backward` (see posenc/encoding/traits.hpp); it is usable "
                   "forward only");
+    static_assert(problem != detail::backward_problem::content_bias_backward,
+                  "posenc::attention_backward: the encoder shifts queries by a content bias but has no "
+                  "`content_bias_backward(index_t, T const*, gradients&) const` (see posenc/encoding/traits.hpp); "
+                  "it is usable forward only");
     using P = typename detail::backward_path<Path, E>::type;
     static_assert(!std::is_same_v<P, path::best>, "posenc::attention_backward: unreachable");
+    static_assert(!(std::is_same_v<P, path::fused> && detail::fused_backward_excluded<E>::value),
+                  "posenc::attention_backward: the fused path has no backward for an encoder with a content "
+                  "bias (transformer_xl); use path::reference (path::best picks it for this encoder)");
     if constexpr (!encoder_traits<E>::adds_to_embeddings && keeps_encoder_contract_v<E, T> &&
-                  problem == detail::backward_problem::none) {
+                  problem == detail::backward_problem::none &&
+                  !(std::is_same_v<P, path::fused> && detail::fused_backward_excluded<E>::value)) {
       if constexpr (!detail::backward_kernel<P>::available) {
         static_assert(detail::dependent_false_v<E>,
                       "posenc::attention_backward: this path has no backward pass yet; use path::reference "

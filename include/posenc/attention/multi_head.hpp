@@ -2,11 +2,13 @@
 // multi_head_attention<Encoder, T>: projections (Eigen), the encoder wherever it acts, prefill and cached decode.
 #pragma once
 
-
+#include <algorithm>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "posenc/attention/attention.hpp"
+#include "posenc/attention/backward.hpp"
 #include "posenc/attention/kv_cache.hpp"
 #include "posenc/core/eigen.hpp"
 #include "posenc/core/error.hpp"
@@ -162,19 +164,138 @@ class multi_head_attention {
   /// x already holds any absolute encoding (added to the embeddings).
   template <class Path = path::best>
   void forward(token_view<const T> x, token_view<T> y, attention_options<T> opt = {}) const {
-    check_io(x, y);
+    prefill<Path>(x, y, opt, nullptr);
+  }
+
+  /// The activations a prefill keeps for backward(): the projections q, k, v
+  /// (before any rotation, (batch * seq, heads * dim) row-major), the
+  /// attention output o and its log-sum-exp (batch, q_heads, seq). The caller
+  /// owns it; forward(x, y, opt, saved) fills it. Keeping them rather than
+  /// recomputing them in backward costs batch x seq x (Hq D + Hkv D + Hkv Dv +
+  /// Hq Dv) values plus the lse, and spares backward the three projections and
+  /// a second forward attention (docs/backward.md).
+  struct saved {
+    matrix q, k, v, o;
+    std::vector<T> lse;
+    index_t batch = -1, seq = -1;  ///< -1: not filled by a forward pass
+    /// True once a forward pass filled it.
+    bool filled() const noexcept { return batch >= 0; }
+  };
+
+  /// Gradients of the layer's parameters, shaped like them (nn.Linear layout),
+  /// and the encoder's (`encoder_gradients_t<Encoder>`; start from
+  /// make_gradients(), and for ALiBi's learnable slopes set
+  /// `encoder = enc.make_gradients(true)`). backward() adds into them.
+  struct gradients {
+    matrix w_q, w_k, w_v, w_o;
+    vector b_q, b_k, b_v, b_o;
+    encoder_gradients_t<Encoder> encoder;
+    /// Zeros every gradient.
+    void set_zero() {
+      for (matrix* m : {&w_q, &w_k, &w_v, &w_o}) m->setZero();
+      for (vector* b : {&b_q, &b_k, &b_v, &b_o}) b->setZero();
+      encoder.set_zero();
+    }
+  };
+
+  /// Zeroed gradients of this layer's shapes (the encoder's from posenc::make_gradients).
+  gradients make_gradients() const {
+    gradients g;
+    matrix* const w[4] = {&g.w_q, &g.w_k, &g.w_v, &g.w_o};
+    vector* const b[4] = {&g.b_q, &g.b_k, &g.b_v, &g.b_o};
+    for (int i = 0; i < 4; ++i) {
+      *w[i] = matrix::Zero(rows_[i], cols_[i]);
+      *b[i] = vector::Zero(rows_[i]);
+    }
+    g.encoder = posenc::make_gradients(enc_);
+    return g;
+  }
+
+  /// Prefill as forward(x, y, opt) that also fills `s` for backward(). When
+  /// opt.lse is set it receives the log-sum-exp as well. `s` is only written
+  /// when the call succeeds.
+  template <class Path = path::best>
+  void forward(token_view<const T> x, token_view<T> y, attention_options<T> opt, saved& s) const {
+    prefill<Path>(x, y, opt, &s);
+  }
+
+  /// Gradients of a prefill (no cache; training is not token by token): given
+  /// the forward pass's input x, the state `s` it saved and dy, the gradient
+  /// of a loss with respect to its output y, writes dx (the shape of x) and
+  /// adds the gradients of every weight and bias and of the encoder's
+  /// parameters into `g` (docs/backward.md):
+  ///   dWo += dY^T O, dbo += sum dY, dO = dY Wo;
+  ///   dQ, dK, dV, d(encoder) = attention_backward<Path>(Q, K, V, O, dO);
+  ///   dWq += dQ^T X, dbq += sum dQ (k, v alike); dX = dQ Wq + dK Wk + dV Wv.
+  /// `opt` must be the forward pass's options (masks, positions, causal,
+  /// threads, ...); its lse is not read (the saved one is) and its scores must
+  /// be null. dx may share memory with x or dy (both are read first).
+  /// @throws posenc::error on bad shapes, a state not filled by forward() or of
+  ///         another shape, gradients of the wrong shapes, or any argument
+  ///         attention_backward rejects; before anything is written.
+  template <class Path = path::best>
+  void backward(token_view<const T> x, token_view<const T> dy, token_view<T> dx, saved const& s, gradients& g,
+                attention_options<T> opt = {}) const {
+    char const* w = "posenc::multi_head_attention::backward";
+    detail::check_view(w, "x", x);
+    detail::check_view(w, "dy", dy);
+    detail::check_view(w, "dx", dx);
+    detail::check_equal(w, "x.dim", x.dim, cfg_.model_dim, "model_dim");
+    detail::check_equal(w, "dy.batch", dy.batch, x.batch, "x.batch");
+    detail::check_equal(w, "dy.seq", dy.seq, x.seq, "x.seq");
+    detail::check_equal(w, "dy.dim", dy.dim, cfg_.model_dim, "model_dim");
+    detail::check_equal(w, "dx.batch", dx.batch, x.batch, "x.batch");
+    detail::check_equal(w, "dx.seq", dx.seq, x.seq, "x.seq");
+    detail::check_equal(w, "dx.dim", dx.dim, cfg_.model_dim, "model_dim");
+    detail::require(s.filled(), w, "saved is empty, expected the state filled by forward(x, y, opt, saved)");
+    detail::require(s.batch == x.batch && s.seq == x.seq, w, "saved holds (batch ", s.batch, ", seq ", s.seq,
+                    "), expected (batch ", x.batch, ", seq ", x.seq, ") of x");
+    index_t const B = x.batch, S = x.seq, N = B * S;
+    index_t const cols[4] = {rows_[0], rows_[1], rows_[2], cfg_.q_heads * cfg_.value_dim};
+    matrix const* const st[4] = {&s.q, &s.k, &s.v, &s.o};
+    char const* const st_names[4] = {"saved.q", "saved.k", "saved.v", "saved.o"};
+    for (int i = 0; i < 4; ++i)
+      detail::require(st[i]->rows() == N && st[i]->cols() == cols[i], w, st_names[i], " shape is (", st[i]->rows(),
+                      ", ", st[i]->cols(), "), expected (", N, ", ", cols[i], ") (a forward pass of this layer)");
+    index_t const lse_n = B * cfg_.q_heads * S;
+    detail::require(static_cast<index_t>(s.lse.size()) == lse_n, w, "saved.lse has ", s.lse.size(),
+                    " values, expected ", lse_n, " (batch x q_heads x seq)");
+    check_gradients(w, g);
+
     position_span const pos = opt.q_positions ? *opt.q_positions : position_span(0);
     opt.q_positions = pos;
     if (!opt.k_positions) opt.k_positions = pos;
-    index_t const B = x.batch, S = x.seq;
-    matrix X = pack(x);
-    matrix Q = project(X, 0), K = project(X, 1), V = project(X, 2);
-    matrix O(B * S, cfg_.q_heads * cfg_.value_dim);
-    posenc::attention<Path, T>(make_bshd<const T>(Q.data(), B, S, cfg_.q_heads, cfg_.head_dim),
-                               make_bshd<const T>(K.data(), B, S, cfg_.kv_heads, cfg_.head_dim),
-                               make_bshd<const T>(V.data(), B, S, cfg_.kv_heads, cfg_.value_dim),
-                               make_bshd<T>(O.data(), B, S, cfg_.q_heads, cfg_.value_dim), enc_, opt);
-    write_out(O, y);
+    opt.lse = const_cast<T*>(s.lse.data());  // read only by attention_backward
+    matrix const X = pack(x), DY = pack(dy);
+    matrix DO(N, cols[3]);
+    if (N > 0) DO.noalias() = DY * weight(3);
+    matrix DQ = matrix::Zero(N, cols[0]), DK = matrix::Zero(N, cols[1]), DV = matrix::Zero(N, cols[2]);
+    // Validates everything it reads, then adds into g.encoder: the last call that can throw.
+    posenc::attention_backward<Path, T>(
+        make_bshd<const T>(s.q.data(), B, S, cfg_.q_heads, cfg_.head_dim),
+        make_bshd<const T>(s.k.data(), B, S, cfg_.kv_heads, cfg_.head_dim),
+        make_bshd<const T>(s.v.data(), B, S, cfg_.kv_heads, cfg_.value_dim),
+        make_bshd<const T>(s.o.data(), B, S, cfg_.q_heads, cfg_.value_dim),
+        make_bshd<const T>(DO.data(), B, S, cfg_.q_heads, cfg_.value_dim),
+        make_bshd<T>(DQ.data(), B, S, cfg_.q_heads, cfg_.head_dim), make_bshd<T>(DK.data(), B, S, cfg_.kv_heads, cfg_.head_dim),
+        make_bshd<T>(DV.data(), B, S, cfg_.kv_heads, cfg_.value_dim), enc_, opt, g.encoder);
+    if (N == 0) {
+      return;
+    }
+    g.w_o.noalias() += DY.transpose() * s.o;
+    g.b_o += DY.colwise().sum().transpose();
+    matrix const* const d[3] = {&DQ, &DK, &DV};
+    matrix* const gw[3] = {&g.w_q, &g.w_k, &g.w_v};
+    vector* const gb[3] = {&g.b_q, &g.b_k, &g.b_v};
+    matrix DX = matrix::Zero(N, cfg_.model_dim);
+    for (int i = 0; i < 3; ++i) {
+      gw[i]->noalias() += d[i]->transpose() * X;
+      *gb[i] += d[i]->colwise().sum().transpose();
+      DX.noalias() += *d[i] * weight(i);
+    }
+    for (index_t b = 0; b < B; ++b)
+      for (index_t t = 0; t < S; ++t)
+        for (index_t c = 0; c < cfg_.model_dim; ++c) dx.ptr(b, t)[c] = DX(b * S + t, c);
   }
 
   /// Decode (or prefill into a cache): x (batch, S, model_dim) are the next S
@@ -252,6 +373,52 @@ class multi_head_attention {
     for (int i = 0; i < 4; ++i)
       detail::require(src[i] != nullptr, w, names[i], " is null, expected a row-major (", rows_[i], " x ", cols_[i],
                       ") weight buffer");
+  }
+  // Prefill over x into y; fills *s (when given) only once attention succeeded.
+  template <class Path>
+  void prefill(token_view<const T> x, token_view<T> y, attention_options<T> opt, saved* s) const {
+    check_io(x, y);
+    position_span const pos = opt.q_positions ? *opt.q_positions : position_span(0);
+    opt.q_positions = pos;
+    if (!opt.k_positions) opt.k_positions = pos;
+    index_t const B = x.batch, S = x.seq;
+    matrix X = pack(x);
+    matrix Q = project(X, 0), K = project(X, 1), V = project(X, 2);
+    matrix O(B * S, cfg_.q_heads * cfg_.value_dim);
+    std::vector<T> lse;
+    T* const user_lse = opt.lse;
+    if (s) {
+      lse.assign(static_cast<std::size_t>(B * cfg_.q_heads * S), T(0));
+      opt.lse = lse.data();
+    }
+    posenc::attention<Path, T>(make_bshd<const T>(Q.data(), B, S, cfg_.q_heads, cfg_.head_dim),
+                               make_bshd<const T>(K.data(), B, S, cfg_.kv_heads, cfg_.head_dim),
+                               make_bshd<const T>(V.data(), B, S, cfg_.kv_heads, cfg_.value_dim),
+                               make_bshd<T>(O.data(), B, S, cfg_.q_heads, cfg_.value_dim), enc_, opt);
+    write_out(O, y);
+    if (s) {
+      if (user_lse) std::copy(lse.begin(), lse.end(), user_lse);
+      s->q = std::move(Q);
+      s->k = std::move(K);
+      s->v = std::move(V);
+      s->o = std::move(O);
+      s->lse = std::move(lse);
+      s->batch = B;
+      s->seq = S;
+    }
+  }
+  // Throws unless g has make_gradients()'s shapes (the encoder's checked by attention_backward).
+  void check_gradients(char const* w, gradients const& g) const {
+    matrix const* const gw[4] = {&g.w_q, &g.w_k, &g.w_v, &g.w_o};
+    vector const* const gb[4] = {&g.b_q, &g.b_k, &g.b_v, &g.b_o};
+    char const* const wn[4] = {"grads.w_q", "grads.w_k", "grads.w_v", "grads.w_o"};
+    char const* const bn[4] = {"grads.b_q", "grads.b_k", "grads.b_v", "grads.b_o"};
+    for (int i = 0; i < 4; ++i) {
+      detail::require(gw[i]->rows() == rows_[i] && gw[i]->cols() == cols_[i], w, wn[i], " shape is (", gw[i]->rows(),
+                      ", ", gw[i]->cols(), "), expected (", rows_[i], ", ", cols_[i], ") (the weight's)");
+      detail::require(gb[i]->size() == rows_[i], w, bn[i], " has ", gb[i]->size(), " values, expected ", rows_[i]);
+    }
+    detail::check_encoder_gradients(w, enc_, g.encoder);
   }
   void check_io(token_view<const T> x, token_view<T> y) const {
     char const* w = "posenc::multi_head_attention::forward";

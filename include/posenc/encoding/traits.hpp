@@ -85,6 +85,15 @@ namespace posenc {
 /// |                        |   G& g) const noexcept` (dp[j] += dout . aV(k_pos_j - q_pos), g +=  |
 /// |                        |   p[j] dout at that row; nothing without value embeddings)          |
 ///
+/// score_row_backward may take the head first, as score_row does:
+/// `score_row_backward(index_t head, T const* q, ...)` (transformer_xl). An
+/// encoder with `content_bias` also needs, for its backward:
+/// - `void content_bias_backward(index_t head, T const* dq, G& g) const
+///   noexcept`: adds d(parameters) of the shift q + content_bias(head) given
+///   the gradient dq (head_dim values) of one shifted query row (for
+///   Transformer-XL g.u.row(head) += dq). attention_backward calls it once per
+///   query row after the path ran, in a fixed order, on every path alike.
+///
 /// The parameter gradients: `E::gradients` (default `no_gradients` when E has
 /// none), `G make_gradients() const` (zeros of the right shape; default `G{}`)
 /// and `void check_gradients(char const* where, G const& g) const` (throws
@@ -293,8 +302,42 @@ struct has_relative_key_value_backward_hooks<
                     std::declval<T const*>(), std::declval<T const*>(), index_t{}, index_t{}, index_t{},
                     std::declval<T*>(), std::declval<encoder_gradients_t<E>&>()))>> : std::true_type {};
 
+template <class E, class T, class = void>
+struct has_headed_relative_key_value_backward_hooks : std::false_type {};
+template <class E, class T>
+struct has_headed_relative_key_value_backward_hooks<
+    E, T,
+    std::void_t<decltype(std::declval<E const&>().score_row_backward(
+                    index_t{}, std::declval<T const*>(), index_t{}, index_t{}, index_t{}, std::declval<T>(),
+                    std::declval<T const*>(), std::declval<T*>(), std::declval<encoder_gradients_t<E>&>())),
+                decltype(std::declval<E const&>().value_row_backward(
+                    std::declval<T const*>(), std::declval<T const*>(), index_t{}, index_t{}, index_t{},
+                    std::declval<T*>(), std::declval<encoder_gradients_t<E>&>()))>> : std::true_type {};
+
+template <class E, class T, class = void>
+struct has_content_bias_backward_hook : std::false_type {};
+template <class E, class T>
+struct has_content_bias_backward_hook<
+    E, T,
+    std::void_t<decltype(std::declval<E const&>().content_bias_backward(
+        index_t{}, std::declval<T const*>(), std::declval<encoder_gradients_t<E>&>()))>> : std::true_type {};
+
+/// True when E has a content bias (any element type): the kernels shift its queries.
+template <class E, class = void>
+struct has_any_content_bias : std::false_type {};
+template <class E>
+struct has_any_content_bias<E, std::void_t<decltype(std::declval<E const&>().content_bias(index_t{}))>>
+    : std::true_type {};
+
 /// The first backward hook encoder E lacks for element type T, for the places its traits say it acts.
-enum class backward_problem { none, add_to_backward, rotate_transpose, bias_row_backward, relative_key_value_backward };
+enum class backward_problem {
+  none,
+  add_to_backward,
+  rotate_transpose,
+  bias_row_backward,
+  relative_key_value_backward,
+  content_bias_backward
+};
 
 /// Checks encoder E (with encoder_traits) for its backward hooks; compose.hpp
 /// specializes it to check every part.
@@ -305,8 +348,11 @@ struct encoder_backward {
       traits::adds_to_embeddings && !has_add_to_backward_hook<E, T>::value ? backward_problem::add_to_backward
       : traits::rotates_queries_keys && !has_rotate_transpose_hook<E, T>::value ? backward_problem::rotate_transpose
       : traits::biases_scores && !has_bias_row_backward_hook<E, T>::value ? backward_problem::bias_row_backward
-      : traits::relative_key_value && !has_relative_key_value_backward_hooks<E, T>::value
+      : traits::relative_key_value && !has_relative_key_value_backward_hooks<E, T>::value &&
+              !has_headed_relative_key_value_backward_hooks<E, T>::value
           ? backward_problem::relative_key_value_backward
+      : has_content_bias<E, T>::value && !has_content_bias_backward_hook<E, T>::value
+          ? backward_problem::content_bias_backward
           : backward_problem::none;
 };
 

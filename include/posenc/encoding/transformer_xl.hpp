@@ -75,6 +75,7 @@ class transformer_xl {
     detail::checked_mul(w, detail::checked_mul(w, dists, rows, "(2 x distance_limit + 1) x heads"), pos_dim_,
                         "(2 x distance_limit + 1) x heads x head_dim x pos_dim");
     u_ = detail::rel::copy_table<T>(u);
+    v_ = detail::rel::copy_table<T>(v);
     build_tables(u, v, w_r);
   }
 
@@ -139,6 +140,98 @@ class transformer_xl {
   /// Hook: no value term (has_values() is false); does nothing.
   void value_row(T const*, index_t, index_t, index_t, T*) const noexcept {}
 
+  /// Gradients of the parameters (docs/backward.md): `u` and `v` are
+  /// (heads, head_dim) like u and v; `r` is the gradient of the tabulated
+  /// R_h(d), (heads x (2 distance_limit + 1), head_dim) with R_h(d) at row
+  /// h (2 distance_limit + 1) + d + distance_limit. d(W_R) is linear in it:
+  /// w_r_gradient(g) gives it in W_R's shape.
+  struct gradients {
+    table_type u, v, r;
+    void set_zero() {
+      u.setZero();
+      v.setZero();
+      r.setZero();
+    }
+    gradients& operator+=(gradients const& o) {
+      u += o.u;
+      v += o.v;
+      r += o.r;
+      return *this;
+    }
+  };
+  /// Zeros of the gradients' shapes.
+  gradients make_gradients() const {
+    return {table_type::Zero(heads_, head_dim_), table_type::Zero(heads_, head_dim_),
+            table_type::Zero(heads_ * dists(), head_dim_)};
+  }
+  /// Throws unless g's tables have the shapes make_gradients() gives.
+  void check_gradients(char const* where, gradients const& g) const {
+    auto one = [&](char const* name, table_type const& t, index_t rows, char const* what) {
+      detail::require(t.rows() == rows && t.cols() == head_dim_, where, "grads.", name, " shape is (", t.rows(), ", ",
+                      t.cols(), "), expected (", rows, ", ", head_dim_, ") ", what);
+    };
+    one("u", g.u, heads_, "(heads, head_dim)");
+    one("v", g.v, heads_, "(heads, head_dim)");
+    one("r", g.r, heads_ * dists(), "(heads x (2 x distance_limit + 1), head_dim)");
+  }
+  /// d(W_R) from the gradient of R: d(W_R)[h head_dim + t][m] = sum_d g.r(h, d)[t] PE(d)[m]
+  /// (accumulated in double); the shape of W_R, (heads x head_dim, pos_dim).
+  table_type w_r_gradient(gradients const& g) const {
+    check_gradients("posenc::transformer_xl::w_r_gradient", g);
+    using dmat = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+    dmat const pe = sinusoids();
+    index_t const n = dists();
+    table_type out(heads_ * head_dim_, pos_dim_);
+    for (index_t h = 0; h < heads_; ++h) {
+      dmat const gr = g.r.block(h * n, 0, n, head_dim_).template cast<double>();  // (distances, head_dim)
+      out.block(h * head_dim_, 0, head_dim_, pos_dim_) = (gr.transpose() * pe).template cast<T>();
+    }
+    return out;
+  }
+
+  /// Hook (optional, encoding/traits.hpp), the transpose of content_bias:
+  /// g.u.row(head) += dq, the gradient (head_dim values) of one query row of
+  /// that head as the kernel saw it (q + u_h). Unchecked.
+  void content_bias_backward(index_t head, T const* dq, gradients& g) const noexcept {
+    T* gu = g.u.data() + head * head_dim_;  // row-major
+    for (index_t t = 0; t < head_dim_; ++t) gu[t] += dq[t];
+  }
+
+  /// Hook, the transpose of score_row: for j in [0, count) at distance
+  /// d = q_pos - (k_pos_first + j) within the limit, with ds = scale * dscore[j]
+  /// and q the shifted query q + u_h: dq += ds R_h(d); g.v.row(head) += ds R_h(d)
+  /// and g.u.row(head) -= ds R_h(d) (the (v_h - u_h) . R_h(d) term; u's share
+  /// through the shifted query comes from content_bias_backward); g.r at
+  /// (head, d) += ds (q + v_h - u_h). Unchecked.
+  void score_row_backward(index_t head, T const* q, index_t q_pos, index_t k_pos_first, index_t count, T scale,
+                          T const* dscore, T* dq, gradients& g) const noexcept {
+    T const* r = r_.data() + head * dists() * head_dim_;
+    T const* uh = u_.data() + head * head_dim_;
+    T const* vh = v_.data() + head * head_dim_;
+    T* gu = g.u.data() + head * head_dim_;
+    T* gv = g.v.data() + head * head_dim_;
+    T* gr = g.r.data() + head * dists() * head_dim_;
+    for (index_t j = 0; j < count; ++j) {
+      index_t const d = q_pos - k_pos_first - j;
+      if (d < -limit_ || d > limit_) continue;
+      T const ds = scale * dscore[j];
+      if (ds == T(0)) continue;
+      index_t const row = d + limit_;
+      T const* rr = r + row * head_dim_;
+      T* grr = gr + row * head_dim_;
+      for (index_t t = 0; t < head_dim_; ++t) {
+        T const x = ds * rr[t];
+        dq[t] += x;
+        gv[t] += x;
+        gu[t] -= x;
+        grr[t] += ds * (q[t] + vh[t] - uh[t]);
+      }
+    }
+  }
+
+  /// Hook: no value term, so no gradient through it; does nothing.
+  void value_row_backward(T const*, T const*, index_t, index_t, index_t, T*, gradients&) const noexcept {}
+
   /// Checked score_row for the unshifted query q: adds the position term
   /// scale * (q + v_h) . R_h(q_pos - k_pos) for out.size() keys from k_pos_first;
   /// throws posenc::error before writing anything.
@@ -170,15 +263,10 @@ class transformer_xl {
                     limit_, " .. ", limit_, " (distance_limit)");
   }
 
-  // R_h(d) = W_R,h PE(d) for every head and |d| <= limit, in double (one
-  // GEMM of (distances, pos_dim) by (pos_dim, heads x head_dim)), stored as
-  // (heads, distances, head_dim) so that one head's rows are contiguous; and
-  // c_h(d) = (v_h - u_h) . R_h(d), also from the double values.
-  void build_tables(Eigen::Ref<const table_type> const& u, Eigen::Ref<const table_type> const& v,
-                    Eigen::Ref<const table_type> const& w_r) {
-    using dmat = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  // PE(d) for |d| <= limit, (distances, pos_dim) in double, row d + limit.
+  Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> sinusoids() const {
     index_t const n = dists(), half = pos_dim_ / 2;
-    dmat pe(n, pos_dim_);
+    Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> pe(n, pos_dim_);
     for (index_t k = 0; k < half; ++k) {
       double const inv_freq = 1.0 / std::pow(10000.0, static_cast<double>(2 * k) / static_cast<double>(pos_dim_));
       for (index_t r = 0; r < n; ++r) {
@@ -187,6 +275,18 @@ class transformer_xl {
         pe(r, half + k) = std::cos(a);
       }
     }
+    return pe;
+  }
+
+  // R_h(d) = W_R,h PE(d) for every head and |d| <= limit, in double (one
+  // GEMM of (distances, pos_dim) by (pos_dim, heads x head_dim)), stored as
+  // (heads, distances, head_dim) so that one head's rows are contiguous; and
+  // c_h(d) = (v_h - u_h) . R_h(d), also from the double values.
+  void build_tables(Eigen::Ref<const table_type> const& u, Eigen::Ref<const table_type> const& v,
+                    Eigen::Ref<const table_type> const& w_r) {
+    using dmat = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+    index_t const n = dists();
+    dmat const pe = sinusoids();
     dmat const rel = pe * w_r.template cast<double>().transpose();  // (distances, heads x head_dim)
     r_.assign(static_cast<std::size_t>(heads_ * n * head_dim_), T(0));
     rt_.assign(r_.size(), T(0));
@@ -206,6 +306,7 @@ class transformer_xl {
 
   index_t limit_, heads_, head_dim_, pos_dim_, mem_;
   std::vector<T> u_;  // (heads, head_dim)
+  std::vector<T> v_;  // (heads, head_dim)
   std::vector<T> r_;  // (heads, 2 * limit + 1, head_dim): R_h(d) at row d + limit
   std::vector<T> rt_;  // (heads, head_dim, 2 * limit + 1): R_h transposed
   std::vector<T> c_;  // (heads, 2 * limit + 1): (v_h - u_h) . R_h(d)

@@ -6,14 +6,16 @@
 //
 //   backward_views<T>                     q, k, v, out, dout (read) and dq, dk, dv (written);
 //                                         q and k as the kernel sees them (rotated copies
-//                                         when the encoder rotates, see below)
+//                                         when the encoder rotates, q + u with a content
+//                                         bias; see below)
 //   validate_backward(...)                every argument of attention_backward; throws
 //                                         posenc::error ("posenc::attention_backward: <arg>
 //                                         is <value>, expected <what>") before anything is written
 //   encoder_bias_backward, encoder_score_backward, encoder_value_backward
 //                                         the encoder's backward hooks over the key runs of
 //                                         one query row, as encoder_terms / encoder_values
-//                                         call the forward hooks
+//                                         call the forward hooks (encoder_score_backward
+//                                         takes the head, for per-head tables)
 //   backward_kernel<Path>                 dispatcher; the primary template has `available =
 //                                         false` and a run() that static_asserts. A path
 //                                         specializes it with
@@ -24,7 +26,7 @@
 //                       encoder_gradients_t<E>& grads);
 //     `run` writes every element of dq, dk and dv (zeros where no gradient flows) as
 //     gradients with respect to the q and k it is given (the entry point applies the
-//     encoder's rotate_transpose afterwards), and adds the encoder's parameter gradients
+//     encoder's rotate_transpose, or content_bias_backward, afterwards), and adds the encoder's parameter gradients
 //     into grads (zeroed per-task copies added in task order: the same bits for any
 //     thread count). plan.lse, when non-null, holds the forward log-sum-exp (input).
 //
@@ -141,21 +143,37 @@ void encoder_bias_backward(attention_plan<T> const& plan, E const& enc, index_t 
   }
 }
 
-/// The encoder's score_row_backward (Shaw's q . aK term) for keys j0 .. j0 + n - 1
-/// of (b, i): dq_row += its d/dq, g += its parameter part, given d(raw score) in dscore[n].
+/// The encoder's score_row_backward (Shaw's q . aK term, Transformer-XL's
+/// position term) for keys j0 .. j0 + n - 1 of (b, h, i): dq_row += its d/dq,
+/// g += its parameter part, given d(raw score) in dscore[n]. Encoders whose
+/// hook takes the head first (transformer_xl) get h.
 template <class T, class E>
-void encoder_score_backward(attention_plan<T> const& plan, E const& enc, T const* q_row, index_t b, index_t i,
-                            index_t j0, index_t n, T const* dscore, T* dq_row, encoder_gradients_t<E>& g) noexcept {
+void encoder_score_backward(attention_plan<T> const& plan, E const& enc, T const* q_row, index_t b, index_t h,
+                            index_t i, index_t j0, index_t n, T const* dscore, T* dq_row,
+                            encoder_gradients_t<E>& g) noexcept {
   if constexpr (encoder_traits<E>::relative_key_value) {
     index_t const pi = plan.q_position(b, i);
     if (pi < 0) return;
     T const sc = static_cast<T>(plan.scale);
     for_each_key_run(plan, b, j0, n, [&](index_t kp, index_t t0, index_t len) {
-      enc.score_row_backward(q_row, pi, kp, len, sc, dscore + t0, dq_row, g);
+      if constexpr (has_headed_relative_key_value_backward_hooks<E, T>::value)
+        enc.score_row_backward(h, q_row, pi, kp, len, sc, dscore + t0, dq_row, g);
+      else
+        enc.score_row_backward(q_row, pi, kp, len, sc, dscore + t0, dq_row, g);
     });
   } else {
-    (void)plan, (void)enc, (void)q_row, (void)b, (void)i, (void)j0, (void)n, (void)dscore, (void)dq_row, (void)g;
+    (void)plan, (void)enc, (void)q_row, (void)b, (void)h, (void)i, (void)j0, (void)n, (void)dscore, (void)dq_row,
+        (void)g;
   }
+}
+
+/// encoder_score_backward without the head, for encoders whose hook takes none.
+template <class T, class E>
+void encoder_score_backward(attention_plan<T> const& plan, E const& enc, T const* q_row, index_t b, index_t i,
+                            index_t j0, index_t n, T const* dscore, T* dq_row, encoder_gradients_t<E>& g) noexcept {
+  static_assert(!has_headed_relative_key_value_backward_hooks<E, T>::value,
+                "posenc::detail::encoder_score_backward: this encoder's hook takes the head; pass it");
+  encoder_score_backward(plan, enc, q_row, b, index_t{0}, i, j0, n, dscore, dq_row, g);
 }
 
 /// The encoder's value_row_backward (Shaw's aV term) for keys j0 .. j0 + n - 1

@@ -154,7 +154,7 @@ void reference_attention_backward(attention_plan<T> const& p, backward_views<T> 
         if constexpr (traits::relative_key_value) {
           for (std::size_t j = 0; j < sk; ++j) tmp[j] = prob[j] != 0 ? static_cast<T>(s[j]) : T(0);
           for (index_t d = 0; d < D; ++d) dq_t[static_cast<std::size_t>(d)] = T(0);
-          encoder_score_backward(p, enc, qi, b, i, 0, Sk, tmp.data(), dq_t.data(), g);
+          encoder_score_backward(p, enc, qi, b, h, i, 0, Sk, tmp.data(), dq_t.data(), g);
           for (index_t d = 0; d < D; ++d) dq_acc[static_cast<std::size_t>(d)] += static_cast<Acc>(dq_t[static_cast<std::size_t>(d)]);
         }
         for (index_t d = 0; d < D; ++d) dqi[d] = static_cast<T>(dq_acc[static_cast<std::size_t>(d)]);
