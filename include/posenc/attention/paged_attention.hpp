@@ -89,35 +89,41 @@ view<const T> gather_sequence(paged_kv_cache<T> const& cache, index_t id, bool v
   return make_bshd(static_cast<T const*>(buf.data()), 1, L, H, d);
 }
 
-/// The chunks of every entry: runs of pages with consecutive ids, cut into
-/// pieces of at most `max_len` keys; an entry without keys gets one empty chunk.
+/// The chunks of every entry: its keys cut into pieces of at most `max_len`
+/// keys, each listing its runs of pages with consecutive ids; an entry without
+/// keys gets one empty chunk.
 template <class T>
 void plan_chunks(fused::paged_work<T>& w, paged_kv_cache<T> const& cache, span<const index_t> ids, index_t max_len) {
   index_t const P = cache.page_tokens();
   w.chunks.clear();
+  w.runs.clear();
   fit_vector(w.first_chunk, ids.size() + 1);
   for (index_t b = 0; b < ids.size(); ++b) {
     w.first_chunk[static_cast<std::size_t>(b)] = static_cast<index_t>(w.chunks.size());
     index_t const L = cache.length(ids[b]);
     span<const index_t> const table = cache.page_table(ids[b]);
+    index_t const runs0 = static_cast<index_t>(w.runs.size());
+    index_t t = 0;
+    while (t < L) {  // the run of consecutive pages starting at token t
+      index_t end_pg = t / P + 1;
+      while (end_pg * P < L && table[end_pg] == table[end_pg - 1] + 1) ++end_pg;
+      index_t const page = table[t / P];
+      w.runs.push_back({t, std::min(L, end_pg * P), cache.page_keys(page, 1).ptr(0, t % P, 0),
+                        cache.page_values(page, 1).ptr(0, t % P, 0)});
+      t = w.runs.back().j1;
+    }
     if (L == 0) {
-      w.chunks.push_back({b, 0, 0, cache.page_keys(0, 0).data, cache.page_values(0, 0).data});
+      w.chunks.push_back({b, 0, 0, runs0, runs0});
       continue;
     }
-    index_t t = 0;
-    while (t < L) {
-      // The run of consecutive pages starting at token t.
-      index_t const pg = t / P;
-      index_t end_pg = pg + 1;
-      while (end_pg * P < L && table[end_pg] == table[end_pg - 1] + 1) ++end_pg;
-      index_t const run_end = std::min(L, end_pg * P);
-      for (index_t j0 = t; j0 < run_end; j0 += max_len) {
-        index_t const j1 = std::min(run_end, j0 + max_len);
-        index_t const page = table[j0 / P];
-        w.chunks.push_back({b, j0, j1, cache.page_keys(page, 1).ptr(0, j0 % P, 0),
-                            cache.page_values(page, 1).ptr(0, j0 % P, 0)});
-      }
-      t = run_end;
+    // Chunks of at most max_len keys, cutting a run where a chunk ends.
+    index_t ri = runs0;
+    for (index_t j0 = 0; j0 < L; j0 += max_len) {
+      index_t const j1 = std::min(L, j0 + max_len);
+      while (w.runs[static_cast<std::size_t>(ri)].j1 <= j0) ++ri;
+      index_t r_end = ri;
+      while (r_end < static_cast<index_t>(w.runs.size()) && w.runs[static_cast<std::size_t>(r_end)].j0 < j1) ++r_end;
+      w.chunks.push_back({b, j0, j1, ri, r_end});
     }
   }
   w.first_chunk[static_cast<std::size_t>(ids.size())] = static_cast<index_t>(w.chunks.size());
@@ -188,10 +194,11 @@ void fill_paged_plan(attention_plan<T>& p, view<const T> q, paged_kv_cache<T> co
 ///   keys are rotated; its head_dim() if any is the cache's). Encoders with a
 ///   segment memory or a content bias (transformer_xl) are not supported.
 ///
-/// path::fused and path::best read the pages in place: each run of pages with
-/// consecutive ids is a key chunk (cut further to keep the threads busy),
-/// computed by the row kernel and merged by log-sum-exp; work is parallel over
-/// (entry, chunk), and (kv head, row group) with Shaw terms.
+/// path::fused and path::best read the pages in place: the keys of an entry
+/// are one chunk (cut into several to keep the threads busy) that walks its
+/// runs of pages with consecutive ids, each a strided view, tile by tile with
+/// the row kernel; the chunks of an entry are merged by log-sum-exp. Work is
+/// parallel over (entry, chunk), and (kv head, row group) with Shaw terms.
 /// path::reference and path::materialized gather each sequence (the oracle).
 ///
 /// @param q   (entries, Sq, Hq, D), D = cache.head_dim(), Hq a multiple of cache.kv_heads()
@@ -327,7 +334,7 @@ void attention(view<const detail::identity_t<T>> q, paged_kv_cache<T> const& cac
       detail::fill_paged_plan(work.plans[static_cast<std::size_t>(b)], detail::entry_of(q, b), cache, id, ob);
       total += cache.length(id);
     }
-    // Chunks: whole runs with one thread; with more, pieces so that every thread gets work.
+    // Chunks: one per entry with one thread; with more, pieces so that every thread gets work.
     using Tr = detail::fused_default_traits<T>;
     int const threads = loop_threads(opt.threads);
     index_t max_len = position_limit;

@@ -3,11 +3,12 @@
 #pragma once
 
 // What this room holds: the driver of the row kernel when the keys of each
-// call entry are scattered over runs of pages. Every run (split further when
-// that keeps the threads busy) is a key chunk read in place as a strided view;
-// its partial (max, sum, output) per row comes from the decode items (or the
-// per-head row items with Shaw terms or many rows) of decode.hpp and
-// row_kernel.hpp, and `merge_partials` combines the chunks of an entry. The
+// call entry are scattered over pages. The keys of an entry are cut into
+// chunks (one per entry, or more when that keeps the threads busy); a chunk
+// walks its runs of pages with consecutive ids, each read in place as a
+// strided view, tile by tile with the row kernel's tiles (row_tile), keeping
+// one running state per row across runs; `merge_partials` combines the
+// chunks of an entry. The
 // plans give the true key positions (global key indices of the entry), so
 // causal alignment, windows, masks and relative encoders see every key where
 // it sits. All buffers live in a workspace reused across calls: once it has
@@ -28,13 +29,18 @@
 
 namespace posenc::detail::fused {
 
-/// One key chunk: keys [j0, j1) of call entry `entry`; `k` and `v` point at
-/// key j0 in its page run, laid out (token, kv head, dim) with the cache's strides.
+/// One run of keys [j0, j1) of an entry in pages with consecutive ids; `k`
+/// and `v` point at key j0, laid out (token, kv head, dim) with the cache's strides.
 template <class T>
-struct paged_chunk {
-  index_t entry = 0, j0 = 0, j1 = 0;
+struct paged_run {
+  index_t j0 = 0, j1 = 0;
   T const* k = nullptr;
   T const* v = nullptr;
+};
+
+/// One key chunk: keys [j0, j1) of call entry `entry`, the runs [r0, r1) of the run list.
+struct paged_chunk {
+  index_t entry = 0, j0 = 0, j1 = 0, r0 = 0, r1 = 0;
 };
 
 /// Buffers of a paged call, kept across calls (each only grows).
@@ -42,7 +48,8 @@ template <class T>
 struct paged_work {
   using Tr = fused_default_traits<T>;
   std::vector<attention_plan<T>> plans;     // one per call entry (batch 1, global key indices)
-  std::vector<paged_chunk<T>> chunks;       // every entry's chunks, entry by entry
+  std::vector<paged_run<T>> runs;           // every chunk's runs, chunk by chunk
+  std::vector<paged_chunk> chunks;          // every entry's chunks, entry by entry
   std::vector<index_t> first_chunk;         // (entries + 1): chunks of entry b
   std::vector<index_t> q_ids;               // (entries, Sq) query positions
   std::vector<index_t> rot_q;               // (entries, Sq) rotation ids of the queries (>= 0)
@@ -67,11 +74,50 @@ view<const T> chunk_view(T const* at_j0, index_t j0, index_t j1, index_t heads, 
   return {reinterpret_cast<T const*>(addr), 1, j1, heads, dim, j1 * token_stride, token_stride, dim, 1};
 }
 
+/// Row groups [u0, u1) (unit u: kv head u / groups, group u % groups) of the
+/// chunk's entry against the chunk's keys: one row setup, then every tile of
+/// every run (a tile never crosses a run), all units of a tile together so
+/// that the pages are read as one front. `Guard` as in row_tile.
+template <class Tr, bool Guard, class T, class E, class StateOf>
+void paged_item(attention_plan<T> const& p, view<const T> q, paged_run<T> const* runs, paged_chunk const& ch,
+                index_t u0, index_t u1, index_t groups, index_t kstride, index_t vstride, E const& enc,
+                rotation_ids const* rot, row_scratch<Tr> const& sc, row_rows<Tr>* rr, StateOf const& states) noexcept {
+  constexpr index_t rg_v = Tr::row_group_v, bk_v = Tr::block_kv_v;
+  index_t const rows = p.q_len * p.group;
+  index_t first = ch.j1, last = ch.j0;
+  for (index_t u = u0; u < u1; ++u) {
+    index_t const r0 = u % groups * rg_v;
+    row_rows<Tr>& r = rr[u - u0];
+    row_begin<Tr>(p, q, enc, 0, u / groups, r0, std::min(rg_v, rows - r0), ch.j0, ch.j1, rot,
+                  sc.qbuf + (u - u0) * rg_v * p.head_dim, r, states(u));
+    if (r.first < r.last) {
+      first = std::min(first, r.first);
+      last = std::max(last, r.last);
+    }
+  }
+  for (index_t ri = ch.r0; ri < ch.r1; ++ri) {
+    paged_run<T> const& run = runs[ri];
+    index_t const a0 = std::max(first, run.j0), a1 = std::min(last, run.j1);
+    if (a0 >= a1) continue;
+    view<const T> const k = chunk_view(run.k, run.j0, run.j1, p.kv_heads, p.head_dim, kstride);
+    view<const T> const v = chunk_view(run.v, run.j0, run.j1, p.kv_heads, p.value_dim, vstride);
+    for (index_t t0 = a0; t0 < a1; t0 += bk_v) {
+      index_t const nk = std::min(bk_v, a1 - t0);
+      for (index_t u = u0; u < u1; ++u) {
+        // This group's own visible union, clipped to the tile.
+        row_rows<Tr> const& r = rr[u - u0];
+        index_t const a = std::max(t0, r.first), e = std::min(t0 + nk, r.last);
+        if (a < e) row_tile<Tr, Guard>(p, k, v, enc, 0, u / groups, r, a, e - a, rot, sc, states(u));
+      }
+    }
+  }
+}
+
 /// Runs the row kernel over the chunks of `w` and writes out (entries, Sq,
 /// Hq, Dv) and the lse of each plan (plans 0 .. entries - 1 of `w`).
 /// `rots`: per entry, the rotation of its query rows done in the kernel
-/// (keys arrive rotated); null: q arrives rotated or needs no rotation. `q` (entries, Sq, Hq, D) arrives rotated
-/// when the encoder rotates. Key views: token strides `kstride`, `vstride`.
+/// (keys arrive rotated); null: q (entries, Sq, Hq, D) arrives rotated or
+/// needs no rotation. Key views: token strides `kstride`, `vstride`.
 template <class T, class E>
 void run_paged(paged_work<T>& w, index_t entries, view<const T> q, view<T> out, E const& enc,
                rotation_ids const* rots, index_t kstride, index_t vstride, int threads_requested) {
@@ -112,34 +158,26 @@ void run_paged(paged_work<T>& w, index_t entries, view<const T> q, view<T> out, 
   // Partial states of every chunk.
   parallel_for(items, threads, [&](index_t it) {
     index_t const c = decode ? it : it / per_chunk;
-    paged_chunk<T> const& ch = w.chunks[static_cast<std::size_t>(c)];
+    paged_chunk const& ch = w.chunks[static_cast<std::size_t>(c)];
     attention_plan<T> const& p = w.plans[static_cast<std::size_t>(ch.entry)];
     int const tid = std::min(thread_index(), threads - 1);
     auto const sc = carve_scratch<row_scratch<Tr>>(w.scratch.data() + tid * per_thread, per_thread, head_dim,
                                                    query_rows);
     view<const T> const qb = entry_q(ch.entry);
-    view<const T> const kc = chunk_view(ch.k, ch.j0, ch.j1, kv_heads, head_dim, kstride);
-    view<const T> const vc = chunk_view(ch.v, ch.j0, ch.j1, kv_heads, value_dim, vstride);
     rotation_ids const* const rot = rots ? rots + ch.entry : nullptr;
-    if (decode) {
-      auto state_of = [&](index_t hk, index_t grp) { return state_at(c, hk, grp); };
-      row_rows<Tr>* const rr = w.rows.data() + tid * per_chunk;
-      guarded_rerun([&](auto guard) {
-                      decode_item<Tr, decltype(guard)::value>(p, qb, kc, vc, enc, 0, ch.j0, ch.j1, rot, sc, rr,
-                                                              state_of);
-                    },
-                    [&] {
-                      bool finite = true;
-                      for (index_t u = 0; u < per_chunk && finite; ++u)
-                        finite = row_outputs_finite(state_of(u / groups, u % groups), rr[u].n, value_dim);
-                      return finite;
-                    });
-    } else {
-      index_t const u = it % per_chunk, hk = u / groups, grp = u % groups;
-      index_t const r0 = grp * rg_v;
-      row_item<Tr>(p, qb, kc, vc, enc, 0, hk, r0, std::min(rg_v, rows - r0), ch.j0, ch.j1, rot, sc,
-                   state_at(c, hk, grp));
-    }
+    index_t const u0 = decode ? 0 : it % per_chunk, u1 = decode ? per_chunk : u0 + 1;
+    auto state_of = [&](index_t u) { return state_at(c, u / groups, u % groups); };
+    row_rows<Tr>* const rr = w.rows.data() + tid * per_chunk;
+    guarded_rerun([&](auto guard) {
+                    paged_item<Tr, decltype(guard)::value>(p, qb, w.runs.data(), ch, u0, u1, groups, kstride,
+                                                           vstride, enc, rot, sc, rr, state_of);
+                  },
+                  [&] {
+                    bool finite = true;
+                    for (index_t u = u0; u < u1 && finite; ++u)
+                      finite = row_outputs_finite(state_of(u), rr[u - u0].n, value_dim);
+                    return finite;
+                  });
   });
   // Merge the chunks of each (entry, kv head, group) and write the rows.
   parallel_for(entries * per_chunk, threads, [&](index_t it) {
