@@ -34,6 +34,8 @@
 #include "posenc/attention/kv_cache.hpp"
 #include "posenc/attention/materialized.hpp"
 #include "posenc/attention/multi_head.hpp"
+#include "posenc/attention/paged_attention.hpp"
+#include "posenc/attention/paged_kv_cache.hpp"
 #include "posenc/attention/options.hpp"
 #include "posenc/attention/plan.hpp"
 #include "posenc/attention/reference.hpp"

@@ -16,6 +16,8 @@
 //   lane_kernel.hpp    prefill: query rows along the lanes
 //   row_kernel.hpp     few rows or Shaw: keys along the lanes
 //   decode.hpp         the row kernel's items, key split and log-sum-exp merge
+//   paged.hpp          key chunks in the pages of a paged cache, merged (used by
+//                      attention/paged_attention.hpp, not dispatched from here)
 //
 // Semantics: docs/formulas.md 5 and attention/plan.hpp. Scratch: one buffer
 // per thread, sized by the tile constants, the head dims and the kv head

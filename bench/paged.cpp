@@ -1,0 +1,194 @@
+// SPDX-License-Identifier: MIT
+// Decode over a paged_kv_cache beside the contiguous kv_cache decode and a stream read of the same K and V.
+//
+// Every iteration times the paged call and its baseline in the same loop (each
+// after an untimed pass over a large buffer that evicts K and V from every
+// cache level), so the ratio counters hold up when the machine is busy:
+//   x_contiguous = paged decode time / contiguous kv_cache decode time (same sequence)
+//   x_stream     = paged batched decode time / time to read all its K and V once
+#include <posenc/attention/attention.hpp>
+#include <posenc/attention/kv_cache.hpp>
+#include <posenc/attention/paged_attention.hpp>
+#include <posenc/attention/paged_kv_cache.hpp>
+#include <posenc/encoding/none.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "support/baselines.hpp"
+
+namespace {
+
+using posenc::index_t;
+index_t const H = 8, D = 128;
+
+std::vector<float> random_floats(std::size_t n, std::uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> x(n);
+  for (auto& v : x) v = dist(gen);
+  return x;
+}
+
+float evict_caches(posenc::aligned_buffer<float> const& buf) {
+  float s = 0;
+  for (index_t i = 0; i < buf.size(); i += 16) s += buf[i];
+  return s;
+}
+
+/// Sums n floats once on `threads` threads (a read of K and V).
+float read_once(float const* x, std::int64_t n, int threads) {
+  using B = posenc::simd::batch<float>;
+  constexpr std::int64_t W = posenc::simd::width<float>;
+  std::vector<float> part(static_cast<std::size_t>(threads), 0.0f);
+  std::int64_t const chunk = (n / threads + W - 1) / W * W;
+  posenc::parallel_for(threads, threads, [&](index_t t) {
+    std::int64_t const lo = t * chunk, hi = std::min(n, lo + chunk);
+    B a0(0.0f), a1(0.0f), a2(0.0f), a3(0.0f);
+    std::int64_t i = lo;
+    for (; i + 4 * W <= hi; i += 4 * W) {
+      a0 = a0 + posenc::simd::load(x + i);
+      a1 = a1 + posenc::simd::load(x + i + W);
+      a2 = a2 + posenc::simd::load(x + i + 2 * W);
+      a3 = a3 + posenc::simd::load(x + i + 3 * W);
+    }
+    float s = posenc::simd::reduce_add((a0 + a1) + (a2 + a3));
+    for (; i < hi; ++i) s += x[i];
+    part[static_cast<std::size_t>(t)] = s;
+  });
+  float s = 0;
+  for (float v : part) s += v;
+  return s;
+}
+
+/// One sequence of 4096 tokens, 16-token pages. `scattered`: the sequence's
+/// pages alternate with another sequence's (every page its own run), else
+/// consecutive. Baseline: the same decode over a contiguous kv_cache.
+void decode_vs_contiguous(benchmark::State& state, bool scattered, int threads) {
+  index_t const S = 4096, P = 16;
+  auto const k = random_floats(static_cast<std::size_t>(S * H * D), 2);
+  auto const v = random_floats(static_cast<std::size_t>(S * H * D), 3);
+  auto const q = random_floats(static_cast<std::size_t>(H * D), 1);
+  std::vector<float> out(q.size());
+  posenc::paged_kv_cache<float> paged(2 * S / P + 2, P, H, D);
+  index_t const id = paged.add_sequence(), other = paged.add_sequence();
+  for (index_t s = 0; s < S; s += P) {
+    auto const kp = posenc::make_bshd<const float>(k.data() + s * H * D, 1, P, H, D);
+    auto const vp = posenc::make_bshd<const float>(v.data() + s * H * D, 1, P, H, D);
+    paged.append(id, kp, vp, posenc::none{});
+    if (scattered) paged.append(other, kp, vp, posenc::none{});
+  }
+  posenc::kv_cache<float> contiguous(1, H, D);
+  contiguous.append(posenc::make_bshd<const float>(k.data(), 1, S, H, D),
+                    posenc::make_bshd<const float>(v.data(), 1, S, H, D), posenc::none{});
+  auto& evict = posenc_bench::persistent_buffer<float>("paged/evict", index_t{64} << 20, 1.0f);
+  posenc::attention_options<float> opt;
+  opt.causal = true;
+  opt.threads = threads;
+  posenc::paged_attention_workspace<float> ws;
+  std::vector<index_t> const ids = {id};
+  auto const qv = posenc::make_bshd<const float>(q.data(), 1, 1, H, D);
+  auto const ov = posenc::make_bshd(out.data(), 1, 1, H, D);
+  auto run_paged = [&] { posenc::attention<posenc::path::fused>(qv, paged, ids, ov, posenc::none{}, opt, ws); };
+  auto run_contiguous = [&] { posenc::attention<posenc::path::fused>(qv, contiguous, ov, posenc::none{}, opt); };
+  run_paged();
+  run_contiguous();
+  double paged_s = 0, contiguous_s = 0;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(evict_caches(evict));
+    auto const t0 = std::chrono::steady_clock::now();
+    run_paged();
+    benchmark::ClobberMemory();
+    auto const t1 = std::chrono::steady_clock::now();
+    benchmark::DoNotOptimize(evict_caches(evict));
+    auto const t2 = std::chrono::steady_clock::now();
+    run_contiguous();
+    benchmark::ClobberMemory();
+    auto const t3 = std::chrono::steady_clock::now();
+    paged_s += std::chrono::duration<double>(t1 - t0).count();
+    contiguous_s += std::chrono::duration<double>(t3 - t2).count();
+    state.SetIterationTime(std::chrono::duration<double>(t1 - t0).count());
+  }
+  state.counters["x_contiguous"] = contiguous_s > 0 ? paged_s / contiguous_s : 0.0;
+  state.counters["threads"] = threads;
+}
+
+/// 16 sequences of lengths spread evenly over 256 .. 4096, 16-token pages,
+/// one decode step for all in one call. Baseline: reading all their K and V once.
+void batched_decode(benchmark::State& state, int threads) {
+  index_t const N = 16, P = 16;
+  std::vector<index_t> lens;
+  index_t total = 0;
+  for (index_t i = 0; i < N; ++i) {
+    lens.push_back(256 + i * (4096 - 256) / (N - 1));
+    total += lens.back();
+  }
+  auto const k = random_floats(static_cast<std::size_t>(4096 * H * D), 2);
+  auto const v = random_floats(static_cast<std::size_t>(4096 * H * D), 3);
+  auto const q = random_floats(static_cast<std::size_t>(N * H * D), 1);
+  std::vector<float> out(q.size());
+  posenc::paged_kv_cache<float> paged(total / P + N, P, H, D);
+  std::vector<index_t> ids;
+  for (index_t i = 0; i < N; ++i) {
+    ids.push_back(paged.add_sequence());
+    index_t const L = lens[static_cast<std::size_t>(i)];
+    paged.append(ids.back(), posenc::make_bshd<const float>(k.data(), 1, L, H, D),
+                 posenc::make_bshd<const float>(v.data(), 1, L, H, D), posenc::none{});
+  }
+  std::int64_t const elements = 2 * total * H * D;
+  auto const kv_all = random_floats(static_cast<std::size_t>(elements), 4);
+  auto& evict = posenc_bench::persistent_buffer<float>("paged/evict", index_t{64} << 20, 1.0f);
+  posenc::attention_options<float> opt;
+  opt.causal = true;
+  opt.threads = threads;
+  posenc::paged_attention_workspace<float> ws;
+  auto const qv = posenc::make_bshd<const float>(q.data(), N, 1, H, D);
+  auto const ov = posenc::make_bshd(out.data(), N, 1, H, D);
+  auto run_paged = [&] { posenc::attention<posenc::path::fused>(qv, paged, ids, ov, posenc::none{}, opt, ws); };
+  run_paged();
+  double paged_s = 0, read_s = 0;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(evict_caches(evict));
+    auto const t0 = std::chrono::steady_clock::now();
+    run_paged();
+    benchmark::ClobberMemory();
+    auto const t1 = std::chrono::steady_clock::now();
+    benchmark::DoNotOptimize(evict_caches(evict));
+    auto const t2 = std::chrono::steady_clock::now();
+    benchmark::DoNotOptimize(read_once(kv_all.data(), elements, threads));
+    auto const t3 = std::chrono::steady_clock::now();
+    paged_s += std::chrono::duration<double>(t1 - t0).count();
+    read_s += std::chrono::duration<double>(t3 - t2).count();
+    state.SetIterationTime(std::chrono::duration<double>(t1 - t0).count());
+  }
+  state.counters["x_stream"] = read_s > 0 ? paged_s / read_s : 0.0;
+  state.counters["tokens"] = static_cast<double>(total);
+  state.counters["threads"] = threads;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  for (int t : {1, 2}) {
+    for (bool scattered : {false, true}) {
+      std::string const name = std::string("paged/decode_vs_contiguous/") + (scattered ? "scattered" : "consecutive") +
+                               "_pages/H8_D128_S4096_page16/threads:" + std::to_string(t);
+      benchmark::RegisterBenchmark(name.c_str(), [scattered, t](benchmark::State& s) {
+        decode_vs_contiguous(s, scattered, t);
+      })->Unit(benchmark::kMicrosecond)->UseManualTime()->MinTime(0.5);
+    }
+    benchmark::RegisterBenchmark(("paged/batched_decode/16_seqs_256_to_4096/H8_D128_page16/threads:" +
+                                  std::to_string(t)).c_str(),
+                                 [t](benchmark::State& s) { batched_decode(s, t); })
+        ->Unit(benchmark::kMicrosecond)
+        ->UseManualTime()
+        ->MinTime(0.5);
+  }
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

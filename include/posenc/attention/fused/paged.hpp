@@ -1,0 +1,201 @@
+// SPDX-License-Identifier: MIT
+// path::fused, room 10: attention over key chunks that sit in pages of a paged cache, merged by log-sum-exp.
+#pragma once
+
+// What this room holds: the driver of the row kernel when the keys of each
+// call entry are scattered over pages. The keys of an entry are cut into
+// chunks (one per entry, or more when that keeps the threads busy); a chunk
+// walks its runs of pages with consecutive ids, each read in place as a
+// strided view, tile by tile with the row kernel's tiles (row_tile), keeping
+// one running state per row across runs; `merge_partials` combines the
+// chunks of an entry. The
+// plans give the true key positions (global key indices of the entry), so
+// causal alignment, windows, masks and relative encoders see every key where
+// it sits. All buffers live in a workspace reused across calls: once it has
+// grown, a call allocates nothing.
+// May include: the fused/ rooms above it, attention/plan.hpp, core/.
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "posenc/attention/fused/decode.hpp"
+#include "posenc/attention/fused/row_kernel.hpp"
+#include "posenc/attention/fused/scratch.hpp"
+#include "posenc/attention/fused/traits.hpp"
+#include "posenc/attention/plan.hpp"
+#include "posenc/core/aligned_buffer.hpp"
+#include "posenc/core/threading.hpp"
+
+namespace posenc::detail::fused {
+
+/// One run of keys [j0, j1) of an entry in pages with consecutive ids; `k`
+/// and `v` point at key j0, laid out (token, kv head, dim) with the cache's strides.
+template <class T>
+struct paged_run {
+  index_t j0 = 0, j1 = 0;
+  T const* k = nullptr;
+  T const* v = nullptr;
+};
+
+/// One key chunk: keys [j0, j1) of call entry `entry`, the runs [r0, r1) of the run list.
+struct paged_chunk {
+  index_t entry = 0, j0 = 0, j1 = 0, r0 = 0, r1 = 0;
+};
+
+/// Buffers of a paged call, kept across calls (each only grows).
+template <class T>
+struct paged_work {
+  using Tr = fused_default_traits<T>;
+  std::vector<attention_plan<T>> plans;     // one per call entry (batch 1, global key indices)
+  std::vector<paged_run<T>> runs;           // every chunk's runs, chunk by chunk
+  std::vector<paged_chunk> chunks;          // every entry's chunks, entry by entry
+  std::vector<index_t> first_chunk;         // (entries + 1): chunks of entry b
+  std::vector<index_t> q_ids;               // (entries, Sq) query positions
+  std::vector<index_t> rot_q;               // (entries, Sq) rotation ids of the queries (>= 0)
+  std::vector<rotation_ids> rots;           // per entry, when the kernel rotates the queries
+  std::vector<row_rows<Tr>> rows;           // per thread on the decode items
+  aligned_buffer<T> scratch, states, qrot;  // per-thread scratch, partial states, rotated queries
+
+  /// Makes `buf` hold at least n elements (contents dropped when it grows).
+  static void fit(aligned_buffer<T>& buf, index_t n) {
+    if (buf.size() < n) buf = aligned_buffer<T>::uninitialized(n);
+  }
+};
+
+/// A view of one chunk whose key index j (j0 <= j < j1) lands on the chunk's
+/// key j - j0: the kernels index keys by the entry's global key index. The
+/// base address is formed as an integer so that no pointer before the page
+/// run is formed; only keys of the chunk are ever addressed.
+template <class T>
+view<const T> chunk_view(T const* at_j0, index_t j0, index_t j1, index_t heads, index_t dim, index_t token_stride) noexcept {
+  auto const addr = reinterpret_cast<std::uintptr_t>(at_j0) -
+                    static_cast<std::uintptr_t>(j0) * static_cast<std::uintptr_t>(token_stride) * sizeof(T);
+  return {reinterpret_cast<T const*>(addr), 1, j1, heads, dim, j1 * token_stride, token_stride, dim, 1};
+}
+
+/// Row groups [u0, u1) (unit u: kv head u / groups, group u % groups) of the
+/// chunk's entry against the chunk's keys: one row setup, then every tile of
+/// every run (a tile never crosses a run), all units of a tile together so
+/// that the pages are read as one front. `Guard` as in row_tile.
+template <class Tr, bool Guard, class T, class E, class StateOf>
+void paged_item(attention_plan<T> const& p, view<const T> q, paged_run<T> const* runs, paged_chunk const& ch,
+                index_t u0, index_t u1, index_t groups, index_t kstride, index_t vstride, E const& enc,
+                rotation_ids const* rot, row_scratch<Tr> const& sc, row_rows<Tr>* rr, StateOf const& states) noexcept {
+  constexpr index_t rg_v = Tr::row_group_v, bk_v = Tr::block_kv_v;
+  index_t const rows = p.q_len * p.group;
+  index_t first = ch.j1, last = ch.j0;
+  for (index_t u = u0; u < u1; ++u) {
+    index_t const r0 = u % groups * rg_v;
+    row_rows<Tr>& r = rr[u - u0];
+    row_begin<Tr>(p, q, enc, 0, u / groups, r0, std::min(rg_v, rows - r0), ch.j0, ch.j1, rot,
+                  sc.qbuf + (u - u0) * rg_v * p.head_dim, r, states(u));
+    if (r.first < r.last) {
+      first = std::min(first, r.first);
+      last = std::max(last, r.last);
+    }
+  }
+  for (index_t ri = ch.r0; ri < ch.r1; ++ri) {
+    paged_run<T> const& run = runs[ri];
+    index_t const a0 = std::max(first, run.j0), a1 = std::min(last, run.j1);
+    if (a0 >= a1) continue;
+    view<const T> const k = chunk_view(run.k, run.j0, run.j1, p.kv_heads, p.head_dim, kstride);
+    view<const T> const v = chunk_view(run.v, run.j0, run.j1, p.kv_heads, p.value_dim, vstride);
+    for (index_t t0 = a0; t0 < a1; t0 += bk_v) {
+      index_t const nk = std::min(bk_v, a1 - t0);
+      for (index_t u = u0; u < u1; ++u) {
+        // This group's own visible union, clipped to the tile.
+        row_rows<Tr> const& r = rr[u - u0];
+        index_t const a = std::max(t0, r.first), e = std::min(t0 + nk, r.last);
+        if (a < e) row_tile<Tr, Guard>(p, k, v, enc, 0, u / groups, r, a, e - a, rot, sc, states(u));
+      }
+    }
+  }
+}
+
+/// Runs the row kernel over the chunks of `w` and writes out (entries, Sq,
+/// Hq, Dv) and the lse of each plan (plans 0 .. entries - 1 of `w`).
+/// `rots`: per entry, the rotation of its query rows done in the kernel
+/// (keys arrive rotated); null: q (entries, Sq, Hq, D) arrives rotated or
+/// needs no rotation. Key views: token strides `kstride`, `vstride`.
+template <class T, class E>
+void run_paged(paged_work<T>& w, index_t entries, view<const T> q, view<T> out, E const& enc,
+               rotation_ids const* rots, index_t kstride, index_t vstride, int threads_requested) {
+  using Tr = fused_default_traits<T>;
+  constexpr index_t rg_v = Tr::row_group_v;
+  if (entries <= 0) return;
+  attention_plan<T> const& p0 = w.plans[0];
+  index_t const kv_heads = p0.kv_heads, group = p0.group, rows = p0.q_len * group, value_dim = p0.value_dim;
+  index_t const head_dim = p0.head_dim;
+  index_t const groups = (rows + rg_v - 1) / rg_v;
+  // Decode items walk every kv head of a chunk together (no Shaw terms, rows
+  // that fit the decode scratch); otherwise an item is (chunk, kv head, group).
+  bool const decode = !encoder_traits<E>::relative_key_value && groups <= Tr::max_decode_groups_v;
+  int const threads = loop_threads(threads_requested);
+  index_t const n_chunks = static_cast<index_t>(w.chunks.size());
+  index_t const per_chunk = kv_heads * groups;  // row groups of a chunk
+  index_t const items = decode ? n_chunks : n_chunks * per_chunk;
+  index_t const query_rows = decode ? per_chunk * rg_v : rg_v;
+  index_t const per_thread = scratch_elements<row_scratch<Tr>>(head_dim, query_rows);
+  paged_work<T>::fit(w.scratch, per_thread * threads);
+  index_t const state_rows = n_chunks * per_chunk * rg_v;
+  paged_work<T>::fit(w.states, state_rows * (value_dim + 2));
+  if (w.rows.size() < static_cast<std::size_t>(per_chunk * threads))
+    w.rows.resize(static_cast<std::size_t>(per_chunk * threads));
+  T* const ms = w.states.data();
+  T* const ls = ms + state_rows;
+  T* const os = ls + state_rows;
+  auto state_at = [&](index_t c, index_t hk, index_t grp) {
+    index_t const slot = ((c * kv_heads + hk) * groups + grp) * rg_v;
+    return row_state<T>{ms + slot, ls + slot, os + slot * value_dim};
+  };
+  auto entry_q = [&](index_t b) {
+    view<const T> qb = q;
+    qb.data += b * q.batch_stride;
+    qb.batch = 1;
+    return qb;
+  };
+  // Partial states of every chunk.
+  parallel_for(items, threads, [&](index_t it) {
+    index_t const c = decode ? it : it / per_chunk;
+    paged_chunk const& ch = w.chunks[static_cast<std::size_t>(c)];
+    attention_plan<T> const& p = w.plans[static_cast<std::size_t>(ch.entry)];
+    int const tid = std::min(thread_index(), threads - 1);
+    auto const sc = carve_scratch<row_scratch<Tr>>(w.scratch.data() + tid * per_thread, per_thread, head_dim,
+                                                   query_rows);
+    view<const T> const qb = entry_q(ch.entry);
+    rotation_ids const* const rot = rots ? rots + ch.entry : nullptr;
+    index_t const u0 = decode ? 0 : it % per_chunk, u1 = decode ? per_chunk : u0 + 1;
+    auto state_of = [&](index_t u) { return state_at(c, u / groups, u % groups); };
+    row_rows<Tr>* const rr = w.rows.data() + tid * per_chunk;
+    guarded_rerun([&](auto guard) {
+                    paged_item<Tr, decltype(guard)::value>(p, qb, w.runs.data(), ch, u0, u1, groups, kstride,
+                                                           vstride, enc, rot, sc, rr, state_of);
+                  },
+                  [&] {
+                    bool finite = true;
+                    for (index_t u = u0; u < u1 && finite; ++u)
+                      finite = row_outputs_finite(state_of(u), rr[u - u0].n, value_dim);
+                    return finite;
+                  });
+  });
+  // Merge the chunks of each (entry, kv head, group) and write the rows.
+  parallel_for(entries * per_chunk, threads, [&](index_t it) {
+    index_t const b = it / per_chunk, u = it % per_chunk, hk = u / groups, grp = u % groups;
+    index_t const c0 = w.first_chunk[static_cast<std::size_t>(b)];
+    index_t const n = w.first_chunk[static_cast<std::size_t>(b) + 1] - c0;
+    attention_plan<T> const& p = w.plans[static_cast<std::size_t>(b)];
+    view<T> ob = out;
+    ob.data += b * out.batch_stride;
+    ob.batch = 1;
+    row_state<T> const st = state_at(c0, hk, grp);
+    index_t const r0 = grp * rg_v, ng = std::min(rg_v, rows - r0);
+    for (index_t g = 0; g < ng; ++g) {
+      T* o = st.o + g * value_dim;
+      auto const [mx, sum] = merge_partials(st.m + g, st.l + g, o, n, per_chunk * rg_v, value_dim);
+      finish_row(p, ob, 0, hk * group + (r0 + g) % group, (r0 + g) / group, mx, sum, o);
+    }
+  });
+}
+
+}  // namespace posenc::detail::fused

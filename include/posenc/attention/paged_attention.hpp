@@ -1,0 +1,358 @@
+// SPDX-License-Identifier: MIT
+// posenc::attention over a paged_kv_cache: many sequences of different lengths in one call, pages read in place.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <type_traits>
+#include <vector>
+
+#include "posenc/attention/attention.hpp"
+#include "posenc/attention/fused/paged.hpp"
+#include "posenc/attention/paged_kv_cache.hpp"
+
+namespace posenc {
+
+/// Buffers of `attention(q, paged_cache, seq_ids, out, enc, opt, workspace)`,
+/// kept between calls: once a call of a given shape has run, the next calls
+/// of that shape (a decode loop) allocate nothing. Not shared between threads
+/// calling attention at the same time.
+template <class T>
+class paged_attention_workspace {
+ public:
+  /// The buffers (internal layout of the fused path).
+  detail::fused::paged_work<T>& buffers() noexcept { return work_; }
+
+ private:
+  detail::fused::paged_work<T> work_;
+};
+
+namespace detail {
+
+/// Resizes v to n entries; when it grows, to twice what is asked for, so that
+/// a slowly growing n (a sequence's length) reallocates only when it doubles.
+template <class U>
+void fit_vector(std::vector<U>& v, index_t n) {
+  auto const want = static_cast<std::size_t>(n);
+  if (v.capacity() < want) v.reserve(2 * want);
+  v.resize(want);
+}
+
+/// Entry b of a (batch, ...) view as a batch-1 view.
+template <class V>
+V entry_of(V x, index_t b) noexcept {
+  if (x.data) x.data += b * x.batch_stride;
+  x.batch = 1;
+  return x;
+}
+
+/// Mask entry b of a mask whose batch is the call's entries (or 1:
+/// broadcast), its key extent cut to the sequence's `keys` (the keys past a
+/// shorter extent stay masked).
+template <class M>
+mask_view<M> mask_entry(mask_view<M> m, index_t b, index_t keys) noexcept {
+  if (m.empty()) return m;
+  m.k = std::min(m.k, keys);
+  if (m.batch == 1) return m;
+  if (m.data) m.data += b * m.batch_stride;
+  m.batch = 1;
+  return m;
+}
+
+/// The options entry b runs with: its key and query positions, its mask and lse rows.
+template <class T>
+attention_options<T> paged_entry_options(attention_options<T> const& opt, index_t b, index_t first, index_t keys,
+                                         index_t const* q_ids, index_t sq, index_t hq, bool keys_rotated) {
+  attention_options<T> o = opt;
+  o.k_positions = position_span(first);
+  o.q_positions = position_span::ids(q_ids + b * sq, 1, sq);
+  o.key_lengths = {};
+  o.mask = mask_entry(opt.mask, b, keys);
+  o.bool_mask = mask_entry(opt.bool_mask, b, keys);
+  if (o.lse) o.lse += b * hq * sq;
+  o.keys_rotated = keys_rotated;
+  return o;
+}
+
+/// Keys (or values) of one sequence gathered into a contiguous (1, L, H, d) copy.
+template <class T>
+view<const T> gather_sequence(paged_kv_cache<T> const& cache, index_t id, bool values, std::vector<T>& buf) {
+  index_t const L = cache.length(id), H = cache.kv_heads(), d = values ? cache.value_dim() : cache.head_dim();
+  index_t const P = cache.page_tokens();
+  buf.resize(static_cast<std::size_t>(L * H * d));
+  span<const index_t> const table = cache.page_table(id);
+  for (index_t t = 0; t < L; ++t) {
+    index_t const page = table[t / P];
+    view<const T> const src = values ? cache.page_values(page, 1) : cache.page_keys(page, 1);
+    std::copy_n(src.ptr(0, t % P, 0), H * d, buf.data() + t * H * d);
+  }
+  return make_bshd(static_cast<T const*>(buf.data()), 1, L, H, d);
+}
+
+/// The chunks of every entry: its keys cut into pieces of at most `max_len`
+/// keys, each listing its runs of pages with consecutive ids; an entry without
+/// keys gets one empty chunk.
+template <class T>
+void plan_chunks(fused::paged_work<T>& w, paged_kv_cache<T> const& cache, span<const index_t> ids, index_t max_len) {
+  index_t const P = cache.page_tokens();
+  w.chunks.clear();
+  w.runs.clear();
+  fit_vector(w.first_chunk, ids.size() + 1);
+  for (index_t b = 0; b < ids.size(); ++b) {
+    w.first_chunk[static_cast<std::size_t>(b)] = static_cast<index_t>(w.chunks.size());
+    index_t const L = cache.length(ids[b]);
+    span<const index_t> const table = cache.page_table(ids[b]);
+    index_t const runs0 = static_cast<index_t>(w.runs.size());
+    index_t t = 0;
+    while (t < L) {  // the run of consecutive pages starting at token t
+      index_t end_pg = t / P + 1;
+      while (end_pg * P < L && table[end_pg] == table[end_pg - 1] + 1) ++end_pg;
+      index_t const page = table[t / P];
+      w.runs.push_back({t, std::min(L, end_pg * P), cache.page_keys(page, 1).ptr(0, t % P, 0),
+                        cache.page_values(page, 1).ptr(0, t % P, 0)});
+      t = w.runs.back().j1;
+    }
+    if (L == 0) {
+      w.chunks.push_back({b, 0, 0, runs0, runs0});
+      continue;
+    }
+    // Chunks of at most max_len keys, cutting a run where a chunk ends.
+    index_t ri = runs0;
+    for (index_t j0 = 0; j0 < L; j0 += max_len) {
+      index_t const j1 = std::min(L, j0 + max_len);
+      while (w.runs[static_cast<std::size_t>(ri)].j1 <= j0) ++ri;
+      index_t r_end = ri;
+      while (r_end < static_cast<index_t>(w.runs.size()) && w.runs[static_cast<std::size_t>(r_end)].j0 < j1) ++r_end;
+      w.chunks.push_back({b, j0, j1, ri, r_end});
+    }
+  }
+  w.first_chunk[static_cast<std::size_t>(ids.size())] = static_cast<index_t>(w.chunks.size());
+}
+
+/// The plan of entry b (batch 1, the sequence's keys at their global indices
+/// 0 .. L - 1 and positions first + j), from validated options.
+template <class T>
+void fill_paged_plan(attention_plan<T>& p, view<const T> q, paged_kv_cache<T> const& cache, index_t id,
+                     attention_options<T> const& o) {
+  index_t const L = cache.length(id), first = cache.first_position(id);
+  p.batch = 1;
+  p.q_len = q.seq;
+  p.k_len = L;
+  p.q_heads = q.heads;
+  p.kv_heads = cache.kv_heads();
+  p.group = std::max<index_t>(1, q.heads / std::max<index_t>(1, cache.kv_heads()));
+  p.head_dim = q.dim;
+  p.value_dim = cache.value_dim();
+  p.scale = o.scale ? *o.scale : (q.dim > 0 ? 1.0 / std::sqrt(static_cast<double>(q.dim)) : 1.0);
+  p.softcap = o.softcap;
+  p.window = std::min(o.sliding_window, 2 * position_limit + 1);
+  p.causal = o.causal || o.sliding_window > 0;
+  p.has_padding = false;
+  fit_vector(p.k_valid, 1);
+  p.k_valid[0] = L;
+  fit_vector(p.q_pos, q.seq);
+  for (index_t i = 0; i < q.seq; ++i) p.q_pos[static_cast<std::size_t>(i)] = o.q_positions->at(0, i);
+  p.keys_are_indices = first == 0;
+  if (first == 0) {
+    p.k_pos.clear();
+  } else {
+    fit_vector(p.k_pos, L);
+    for (index_t j = 0; j < L; ++j) p.k_pos[static_cast<std::size_t>(j)] = first + j;
+  }
+  p.mask = o.mask;
+  p.bool_mask = o.bool_mask;
+  if (!p.mask.empty() && p.mask.data == nullptr) p.mask.batch_stride = p.mask.head_stride = p.mask.q_stride = 0;
+  if (!p.bool_mask.empty() && p.bool_mask.data == nullptr)
+    p.bool_mask.batch_stride = p.bool_mask.head_stride = p.bool_mask.q_stride = 0;
+  p.lse = o.lse;
+  p.scores = nullptr;
+  p.threads = o.threads;
+}
+
+}  // namespace detail
+
+/// Attention of each query entry over the keys and values of one sequence of
+/// a paged_kv_cache, all entries in one call (a batched decode step: one query
+/// token per sequence, or a few for speculative decoding; or a prefill chunk).
+///
+/// Entry b of q and out belongs to sequence `seq_ids[b]` (an id may repeat).
+/// As with kv_cache, what is cached and where it sits comes from the cache:
+/// - Keys: sequence seq_ids[b]'s tokens, rotated exactly when the cache
+///   stores them rotated (`cache.keys_rotated()`); `opt.keys_rotated` is set
+///   from the cache (true over unrotated keys throws).
+/// - Key positions: token j of the sequence sits at `first_position(id) + j`;
+///   `opt.k_positions` must be unset. Key lengths: `length(id)` per entry;
+///   `opt.key_lengths` must be empty.
+/// - Query positions: by default the Sq queries of entry b are the last Sq
+///   tokens appended to its sequence: `next_position(id) - Sq + i`;
+///   `opt.q_positions` (shape (entries, Sq)) overrides it.
+/// - Masks: batch extent 1 or the number of entries; key index j is the
+///   sequence's token j (an extent past a sequence's length is cut to it, a
+///   shorter one masks the keys past it). `opt.lse` is (entries, Hq, Sq).
+/// - `opt.scores` must be null (no path produces scores here).
+/// - The encoder acts as it did on append (it rotates exactly when the cached
+///   keys are rotated; its head_dim() if any is the cache's). Encoders with a
+///   segment memory or a content bias (transformer_xl) are not supported.
+///
+/// path::fused and path::best read the pages in place: the keys of an entry
+/// are one chunk (cut into several to keep the threads busy) that walks its
+/// runs of pages with consecutive ids, each a strided view, tile by tile with
+/// the row kernel; the chunks of an entry are merged by log-sum-exp. Work is
+/// parallel over (entry, chunk), and (kv head, row group) with Shaw terms.
+/// path::reference and path::materialized gather each sequence (the oracle).
+///
+/// @param q   (entries, Sq, Hq, D), D = cache.head_dim(), Hq a multiple of cache.kv_heads()
+/// @param seq_ids entries ids of open sequences
+/// @param out (entries, Sq, Hq, cache.value_dim())
+/// @param ws  buffers kept between calls (see paged_attention_workspace)
+/// @throws posenc::error on any bad argument, before anything is written.
+template <class Path = path::best, class T, class E>
+void attention(view<const detail::identity_t<T>> q, paged_kv_cache<T> const& cache, span<const index_t> seq_ids,
+               view<detail::identity_t<T>> out, E const& enc, attention_options<detail::identity_t<T>> const& opt,
+               paged_attention_workspace<T>& ws) {
+  static_assert(has_encoder_traits_v<E>, "posenc::attention: E is not an encoder; specialize posenc::encoder_traits<E>");
+  static_assert(!encoder_traits<E>::adds_to_embeddings,
+                "posenc::attention: this encoder adds to embeddings, which the attention kernel cannot reach");
+  static_assert(detail::encoder_contract_problem<E, T>() == detail::contract_problem::none,
+                "posenc::attention: the encoder does not meet the encoder contract for T (see encoding/traits.hpp)");
+  static_assert(!detail::has_memory_length<E>::value && !detail::has_content_bias<E, T>::value,
+                "posenc::attention: encoders with a segment memory or a content bias are not supported over a "
+                "paged_kv_cache");
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "posenc::attention: T must be float or double");
+  char const* w = "posenc::attention";
+  constexpr bool rotates = encoder_traits<E>::rotates_queries_keys;
+  bool const stored_rotated = cache.keys_rotated();
+  index_t const n = seq_ids.size(), Sq = q.seq;
+  detail::check_view(w, "q", q);
+  detail::check_view(w, "out", out);
+  detail::require(n == 0 || seq_ids.data() != nullptr, w, "seq_ids.data is null, expected ", n, " entries");
+  detail::check_equal(w, "q.batch", q.batch, n, "seq_ids.size()");
+  detail::check_equal(w, "out.batch", out.batch, n, "seq_ids.size()");
+  for (index_t b = 0; b < n; ++b)
+    detail::require(cache.contains(seq_ids[b]), w, "seq_ids[", b, "] is ", seq_ids[b],
+                    ", expected the id of an open sequence of the cache");
+  detail::check_equal(w, "q.dim", q.dim, cache.head_dim(), "cache.head_dim()");
+  detail::require(!opt.k_positions, w, "k_positions is set, expected unset with a paged_kv_cache (token j of a "
+                  "sequence sits at its first_position() + j)");
+  detail::require(opt.key_lengths.empty() && opt.key_lengths.data() == nullptr, w, "key_lengths has ",
+                  opt.key_lengths.size(), " entries, expected none with a paged_kv_cache (each sequence has its "
+                  "length(); mask keys with mask or bool_mask)");
+  detail::require(opt.scores == nullptr, w, "scores is set, expected null (attention over a paged_kv_cache does "
+                  "not produce the scores output)");
+  detail::require(!opt.keys_rotated || stored_rotated, w, "keys_rotated is true, expected false (the cached keys "
+                  "are stored unrotated)");
+  detail::require(!cache.keys_rotated() || rotates, w, "the encoder's rotates_queries_keys is false, expected true "
+                  "(the cached keys are stored rotated: attend with an encoder that acts as the one used on append)");
+  detail::require(!rotates || stored_rotated || n == 0 || [&] {
+    bool empty = true;
+    for (index_t b = 0; b < n; ++b) empty = empty && cache.length(seq_ids[b]) == 0;
+    return empty;
+  }(), w, "the encoder's rotates_queries_keys is true, expected false (the cached keys are stored unrotated: "
+          "attend with an encoder that acts as the one used on append)");
+  detail::check_encoder_head_dim(w, enc, cache.head_dim());
+  detail::require(opt.mask.empty() || opt.mask.batch == 1 || opt.mask.batch == n, w, "mask.batch is ",
+                  opt.mask.batch, ", expected 1 or ", n, " (seq_ids.size())");
+  detail::require(opt.bool_mask.empty() || opt.bool_mask.batch == 1 || opt.bool_mask.batch == n, w,
+                  "bool_mask.batch is ", opt.bool_mask.batch, ", expected 1 or ", n, " (seq_ids.size())");
+  if (opt.q_positions) opt.q_positions->validate_shape(w, "q_positions", n, Sq);
+  detail::fused::paged_work<T>& work = ws.buffers();
+  index_t const sq_n = detail::checked_mul(w, n, Sq, "seq_ids.size() x q.seq");
+  detail::fit_vector(work.q_ids, sq_n);
+  for (index_t b = 0; b < n; ++b)
+    for (index_t i = 0; i < Sq; ++i)
+      work.q_ids[static_cast<std::size_t>(b * Sq + i)] =
+          opt.q_positions ? opt.q_positions->at(b, i) : cache.next_position(seq_ids[b]) - Sq + i;
+  // Every entry validated as the call on its own sequence, before anything is written.
+  view<const T> const pool_k = cache.page_keys(0, cache.pages()), pool_v = cache.page_values(0, cache.pages());
+  for (index_t b = 0; b < n; ++b) {
+    index_t const id = seq_ids[b];
+    attention_options<T> const ob = detail::paged_entry_options(opt, b, cache.first_position(id), cache.length(id),
+                                                                work.q_ids.data(), Sq, q.heads, stored_rotated);
+    view<const T> kb = pool_k, vb = pool_v;
+    kb.seq = vb.seq = cache.length(id);
+    detail::validate(detail::entry_of(q, b), kb, vb, detail::entry_of(out, b), enc, ob, w);
+  }
+  if (n == 0 || Sq == 0 || q.heads == 0) return;
+  if constexpr (std::is_same_v<Path, path::reference> || std::is_same_v<Path, path::materialized>) {
+    std::vector<T> kbuf, vbuf;
+    for (index_t b = 0; b < n; ++b) {
+      index_t const id = seq_ids[b];
+      attention_options<T> const ob = detail::paged_entry_options(opt, b, cache.first_position(id), cache.length(id),
+                                                                  work.q_ids.data(), Sq, q.heads, stored_rotated);
+      view<const T> const kb = detail::gather_sequence(cache, id, false, kbuf);
+      view<const T> const vb = detail::gather_sequence(cache, id, true, vbuf);
+      attention<Path, T>(detail::entry_of(q, b), kb, vb, detail::entry_of(out, b), enc, ob);
+    }
+  } else {
+    static_assert(std::is_same_v<Path, path::fused> || std::is_same_v<Path, path::best>,
+                  "posenc::attention: Path must be path::reference, path::materialized, path::fused or path::best");
+    // Queries rotated at their positions: in the kernel when the encoder's
+    // rotation is reserved for every entry's length, else in a copy. The
+    // cached keys are rotated already.
+    view<const T> qk = q;
+    detail::rotation_ids const* rots = nullptr;
+    if constexpr (rotates) {
+      if (stored_rotated && q.dim > 0) {
+        detail::fit_vector(work.rot_q, sq_n);
+        if (work.rots.size() < static_cast<std::size_t>(n)) work.rots.resize(static_cast<std::size_t>(n));
+        bool reserved = true;
+        for (index_t b = 0; b < n; ++b) {
+          // length = largest position + 1, as the contiguous call on this sequence asks for;
+          // rows at negative positions see no key (validated) and rotate as position 0.
+          index_t len = cache.next_position(seq_ids[b]);
+          for (index_t i = 0; i < Sq; ++i) {
+            index_t const pi = work.q_ids[static_cast<std::size_t>(b * Sq + i)];
+            len = std::max(len, pi + 1);
+            work.rot_q[static_cast<std::size_t>(b * Sq + i)] = std::max<index_t>(0, pi);
+          }
+          work.rots[static_cast<std::size_t>(b)] = {work.rot_q.data() + b * Sq, nullptr, len};
+          reserved = reserved && detail::rotation_reserved(enc, len);
+        }
+        if (reserved) {
+          rots = work.rots.data();
+        } else {
+          detail::fused::paged_work<T>::fit(work.qrot, detail::checked_mul(w, sq_n, q.heads * q.dim, "q elements"));
+          view<T> const qr = make_bshd(work.qrot.data(), n, Sq, q.heads, q.dim);
+          for (index_t b = 0; b < n; ++b)
+            for (index_t i = 0; i < Sq; ++i)
+              for (index_t h = 0; h < q.heads; ++h)
+                std::copy(q.ptr(b, i, h), q.ptr(b, i, h) + q.dim, qr.ptr(b, i, h));
+          for (index_t b = 0; b < n; ++b) {
+            detail::rotation_ids const& r = work.rots[static_cast<std::size_t>(b)];
+            enc.rotate(detail::entry_of(qr, b), position_span::ids(r.q, 1, Sq), r.length);
+          }
+          qk = qr;
+        }
+      }
+    }
+    if (work.plans.size() < static_cast<std::size_t>(n)) work.plans.resize(static_cast<std::size_t>(n));
+    index_t total = 0;
+    for (index_t b = 0; b < n; ++b) {
+      index_t const id = seq_ids[b];
+      attention_options<T> const ob = detail::paged_entry_options(opt, b, cache.first_position(id), cache.length(id),
+                                                                  work.q_ids.data(), Sq, q.heads, stored_rotated);
+      detail::fill_paged_plan(work.plans[static_cast<std::size_t>(b)], detail::entry_of(q, b), cache, id, ob);
+      total += cache.length(id);
+    }
+    // Chunks: one per entry with one thread; with more, pieces so that every thread gets work.
+    using Tr = detail::fused_default_traits<T>;
+    int const threads = loop_threads(opt.threads);
+    index_t max_len = position_limit;
+    if (threads > 1) {
+      index_t const target = (total + 2 * threads - 1) / (2 * threads);
+      max_len = std::max<index_t>(Tr::block_kv_v, (target + Tr::block_kv_v - 1) / Tr::block_kv_v * Tr::block_kv_v);
+    }
+    detail::plan_chunks(work, cache, seq_ids, max_len);
+    detail::fused::run_paged(work, n, qk, out, enc, rots, pool_k.seq_stride, pool_v.seq_stride, opt.threads);
+  }
+}
+
+/// As above with a workspace of its own (allocates its buffers on every call).
+template <class Path = path::best, class T, class E>
+void attention(view<const detail::identity_t<T>> q, paged_kv_cache<T> const& cache, span<const index_t> seq_ids,
+               view<detail::identity_t<T>> out, E const& enc, attention_options<detail::identity_t<T>> const& opt = {}) {
+  paged_attention_workspace<T> ws;
+  attention<Path, T>(q, cache, seq_ids, out, enc, opt, ws);
+}
+
+}  // namespace posenc

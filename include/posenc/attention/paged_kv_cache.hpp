@@ -1,0 +1,312 @@
+// SPDX-License-Identifier: MIT
+// paged_kv_cache<T>: per-sequence keys and values in fixed-size pages of one pool, shared copy-on-write by forks.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "posenc/core/checked.hpp"
+#include "posenc/core/error.hpp"
+#include "posenc/core/positions.hpp"
+#include "posenc/core/span.hpp"
+#include "posenc/core/view.hpp"
+#include "posenc/encoding/traits.hpp"
+
+namespace posenc {
+
+/// Keys and values of many sequences of different lengths, each held in pages
+/// of `page_tokens()` tokens taken from one pool of `pages()` pages allocated
+/// once (nothing is reallocated or moved afterwards). Each sequence has a page
+/// table, a length and the position of its first token (token s of sequence
+/// `id` sits at `first_position(id) + s`).
+///
+/// - `add_sequence()` opens an empty sequence and returns its id; `free()`
+///   closes it and returns its pages to the pool; ids are reused.
+/// - `fork(id)` opens a sequence with the same tokens, sharing every page
+///   (reference counts): a prompt prefix shared by several continuations. An
+///   append into a shared, partly filled last page first copies that page, so
+///   that no sequence ever sees another's appended keys.
+/// - `append()` adds the next tokens of one or many sequences; when the
+///   encoder rotates queries and keys, the keys are stored rotated (at their
+///   positions, with length = the sequence's new next position), as in kv_cache.
+/// - `posenc::attention(q, cache, seq_ids, out, enc, opt)` attends over the
+///   pages in place (attention/paged_attention.hpp).
+///
+/// Page storage: (page, token, kv_head, dim), so that a run of pages with
+/// consecutive ids is one strided (token, head, dim) view.
+/// @tparam T float or double
+template <class T>
+class paged_kv_cache {
+ public:
+  /// @param pages pages in the pool (>= 0)
+  /// @param page_tokens tokens per page (1 .. 65536)
+  /// @param kv_heads key/value heads; @param head_dim key dim; @param value_dim value dim (0 = head_dim)
+  /// @throws posenc::error on a bad argument or a pool size that overflows index_t.
+  paged_kv_cache(index_t pages, index_t page_tokens, index_t kv_heads, index_t head_dim, index_t value_dim = 0)
+      : pages_(pages), page_tokens_(page_tokens), heads_(kv_heads), dim_(head_dim),
+        vdim_(value_dim > 0 ? value_dim : head_dim) {
+    char const* w = "posenc::paged_kv_cache";
+    detail::require(pages >= 0, w, "pages is ", pages, ", expected >= 0");
+    detail::require(page_tokens >= 1 && page_tokens <= max_page_tokens, w, "page_tokens is ", page_tokens,
+                    ", expected 1 .. ", max_page_tokens);
+    detail::require(kv_heads >= 0, w, "kv_heads is ", kv_heads, ", expected >= 0");
+    detail::require(head_dim >= 0, w, "head_dim is ", head_dim, ", expected >= 0");
+    detail::require(value_dim >= 0, w, "value_dim is ", value_dim, ", expected >= 0");
+    index_t const d = std::max(dim_, vdim_);
+    index_t n = detail::checked_mul(w, pages, page_tokens, "pages x page_tokens");
+    n = detail::checked_mul(w, n, kv_heads, "pages x page_tokens x kv_heads");
+    detail::checked_mul(w, n, d, "pages x page_tokens x kv_heads x ", dim_ >= vdim_ ? "head_dim" : "value_dim");
+    keys_.resize(static_cast<std::size_t>(n * dim_));
+    values_.resize(static_cast<std::size_t>(n * vdim_));
+    refs_.assign(static_cast<std::size_t>(pages), 0);
+    free_pages_.reserve(static_cast<std::size_t>(pages));
+    for (index_t p = pages - 1; p >= 0; --p) free_pages_.push_back(p);  // page 0 is taken first
+  }
+
+  /// Largest accepted page size.
+  static constexpr index_t max_page_tokens = 65536;
+
+  /// Opens an empty sequence whose first token will sit at `first_position`; returns its id.
+  index_t add_sequence(index_t first_position = 0) {
+    detail::require(first_position >= 0 && first_position <= position_limit, "posenc::paged_kv_cache::add_sequence",
+                    "first_position is ", first_position, ", expected 0 .. ", position_limit, " (position_limit)");
+    index_t const id = take_slot();
+    seqs_[static_cast<std::size_t>(id)].first = first_position;
+    return id;
+  }
+
+  /// Opens a sequence holding the same tokens as `id` (sharing its pages) and returns its id.
+  index_t fork(index_t id) {
+    check_id("posenc::paged_kv_cache::fork", "id", id);
+    index_t const nid = take_slot();
+    sequence& s = seqs_[static_cast<std::size_t>(nid)];
+    sequence const& src = seqs_[static_cast<std::size_t>(id)];
+    s.first = src.first;
+    s.len = src.len;
+    s.pages = src.pages;
+    for (index_t p : s.pages) ++refs_[static_cast<std::size_t>(p)];
+    tokens_ += s.len;
+    return nid;
+  }
+
+  /// Closes sequence `id`; its pages no other sequence shares return to the pool.
+  void free(index_t id) {
+    check_id("posenc::paged_kv_cache::free", "id", id);
+    sequence& s = seqs_[static_cast<std::size_t>(id)];
+    for (index_t p : s.pages)
+      if (--refs_[static_cast<std::size_t>(p)] == 0) free_pages_.push_back(p);
+    s.pages.clear();
+    tokens_ -= s.len;
+    s.len = 0;
+    s.live = false;
+    free_slots_.push_back(id);
+  }
+
+  /// Appends the next S tokens of one sequence: k (1, S, kv_heads, head_dim), v (1, S, kv_heads, value_dim).
+  template <class E>
+  void append(index_t id, view<const T> k, view<const T> v, E const& enc) {
+    append(span<const index_t>(&id, 1), k, v, enc);
+  }
+
+  /// Appends the next S tokens of each sequence of `ids` (distinct):
+  /// k (ids.size(), S, kv_heads, head_dim), v (ids.size(), S, kv_heads, value_dim);
+  /// entry b of k and v goes to sequence ids[b].
+  ///
+  /// An encoder that rotates queries and keys rotates the stored keys; every
+  /// append to a cache holding tokens rotates exactly when the cached keys are
+  /// rotated (`keys_rotated()`).
+  ///
+  /// Strong guarantee: every check (ids, shapes, positions, free pages for
+  /// the new tokens and for copies of shared pages, the encoder's own checks on
+  /// rotated copies of the new keys) happens before a page is taken or
+  /// written; after a failed append the cache is unchanged.
+  template <class E>
+  void append(span<const index_t> ids, view<const T> k, view<const T> v, E const& enc) {
+    char const* w = "posenc::paged_kv_cache::append";
+    index_t const n_ids = ids.size();
+    detail::require(n_ids == 0 || ids.data() != nullptr, w, "ids.data is null, expected ", n_ids, " entries");
+    for (index_t b = 0; b < n_ids; ++b) {
+      check_id(w, "ids[b]", ids[b]);
+      for (index_t c = 0; c < b; ++c)
+        detail::require(ids[c] != ids[b], w, "ids[", b, "] is ", ids[b], ", expected distinct ids (ids[", c,
+                        "] is the same)");
+    }
+    detail::check_view(w, "k", k);
+    detail::check_view(w, "v", v);
+    detail::check_equal(w, "k.batch", k.batch, n_ids, "ids.size()");
+    detail::check_equal(w, "v.batch", v.batch, n_ids, "ids.size()");
+    detail::check_equal(w, "k.heads", k.heads, heads_, "cache kv_heads");
+    detail::check_equal(w, "v.heads", v.heads, heads_, "cache kv_heads");
+    detail::check_equal(w, "k.dim", k.dim, dim_, "cache head_dim");
+    detail::check_equal(w, "v.dim", v.dim, vdim_, "cache value_dim");
+    detail::check_equal(w, "v.seq", v.seq, k.seq, "k.seq");
+    constexpr bool rotates = encoder_traits<E>::rotates_queries_keys;
+    detail::require(tokens_ == 0 || rotates == rotated_, w, "the encoder's rotates_queries_keys is ",
+                    rotates ? "true" : "false", ", expected ", rotated_ ? "true" : "false", " (the ", tokens_,
+                    " cached keys are stored ", rotated_ ? "rotated" : "unrotated",
+                    "; free every sequence to change the encoder)");
+    index_t const n = k.seq;
+    if (n == 0 || n_ids == 0) return;
+    index_t need = 0;  // pages taken from the pool
+    for (index_t b = 0; b < n_ids; ++b) {
+      sequence const& s = seqs_[static_cast<std::size_t>(ids[b])];
+      index_t const len = detail::checked_add(w, s.len, n, "length(ids[b]) + k.seq");
+      index_t const p0 = s.first + s.len;
+      detail::require(n - 1 <= position_limit - p0, w, "last new position of ids[", b, "] = ", ids[b], " is ", p0,
+                      " + ", n - 1, " (next_position + k.seq - 1), expected <= ", position_limit, " (position_limit)");
+      need += pages_for(len) - static_cast<index_t>(s.pages.size()) + (shared_tail(s) ? 1 : 0);
+    }
+    index_t const avail = static_cast<index_t>(free_pages_.size());
+    detail::require(need <= avail, w, "pages needed is ", need, ", expected <= ", avail,
+                    " (free pages of ", pages_, "; the cache is unchanged: free sequences or use a larger pool)");
+    // The new keys, rotated in a scratch copy: the encoder checks the view and
+    // the positions before the cache changes.
+    view<const T> src = k;
+    if constexpr (rotates) {
+      fresh_.resize(static_cast<std::size_t>(n_ids * n * heads_ * dim_));  // fits: k passed check_view
+      view<T> f = make_bshd(fresh_.data(), n_ids, n, heads_, dim_);
+      for (index_t b = 0; b < n_ids; ++b)
+        for (index_t s = 0; s < n; ++s)
+          for (index_t h = 0; h < heads_; ++h) std::copy(k.ptr(b, s, h), k.ptr(b, s, h) + dim_, f.ptr(b, s, h));
+      for (index_t b = 0; b < n_ids; ++b) {
+        index_t const p0 = next_position(ids[b]);
+        view<T> fb = f;
+        fb.data += b * f.batch_stride;
+        fb.batch = 1;
+        enc.rotate(fb, position_span(p0), p0 + n);
+      }
+      src = f;
+    } else {
+      (void)enc;
+    }
+    // Nothing below throws: pages were counted, storage exists.
+    for (index_t b = 0; b < n_ids; ++b) write_tokens(seqs_[static_cast<std::size_t>(ids[b])], src, v, b);
+    if (tokens_ == 0) rotated_ = rotates;
+    tokens_ += n * n_ids;
+  }
+
+  /// Tokens of sequence `id`.
+  index_t length(index_t id) const {
+    check_id("posenc::paged_kv_cache::length", "id", id);
+    return seqs_[static_cast<std::size_t>(id)].len;
+  }
+  /// Position of token 0 of sequence `id`.
+  index_t first_position(index_t id) const {
+    check_id("posenc::paged_kv_cache::first_position", "id", id);
+    return seqs_[static_cast<std::size_t>(id)].first;
+  }
+  /// Position the next appended token of sequence `id` gets.
+  index_t next_position(index_t id) const {
+    check_id("posenc::paged_kv_cache::next_position", "id", id);
+    sequence const& s = seqs_[static_cast<std::size_t>(id)];
+    return s.first + s.len;
+  }
+  /// True when `id` names an open sequence.
+  bool contains(index_t id) const noexcept {
+    return id >= 0 && id < static_cast<index_t>(seqs_.size()) && seqs_[static_cast<std::size_t>(id)].live;
+  }
+  /// The page ids of sequence `id`, in token order (page t holds tokens
+  /// t * page_tokens() .. of the sequence).
+  span<const index_t> page_table(index_t id) const {
+    check_id("posenc::paged_kv_cache::page_table", "id", id);
+    return seqs_[static_cast<std::size_t>(id)].pages;
+  }
+  /// Sequences sharing page `page` (0 for a free page).
+  index_t page_references(index_t page) const {
+    detail::require(page >= 0 && page < pages_, "posenc::paged_kv_cache::page_references", "page is ", page,
+                    ", expected 0 .. ", pages_ - 1);
+    return refs_[static_cast<std::size_t>(page)];
+  }
+  /// True when the cached keys are stored rotated; false while the cache holds no token.
+  bool keys_rotated() const noexcept { return tokens_ > 0 && rotated_; }
+  index_t pages() const noexcept { return pages_; }
+  index_t free_page_count() const noexcept { return static_cast<index_t>(free_pages_.size()); }
+  index_t page_tokens() const noexcept { return page_tokens_; }
+  index_t kv_heads() const noexcept { return heads_; }
+  index_t head_dim() const noexcept { return dim_; }
+  index_t value_dim() const noexcept { return vdim_; }
+
+  /// Keys of pages [page, page + count) as one view (1, count x page_tokens(), kv_heads, head_dim).
+  view<const T> page_keys(index_t page, index_t count) const noexcept { return run(keys_.data(), dim_, page, count); }
+  /// Values of pages [page, page + count) as one view (1, count x page_tokens(), kv_heads, value_dim).
+  view<const T> page_values(index_t page, index_t count) const noexcept {
+    return run(values_.data(), vdim_, page, count);
+  }
+
+ private:
+  struct sequence {
+    index_t first = 0, len = 0;
+    std::vector<index_t> pages;
+    bool live = false;
+  };
+
+  void check_id(char const* w, char const* name, index_t id) const {
+    detail::require(contains(id), w, name, " is ", id, ", expected the id of an open sequence (0 .. ",
+                    static_cast<index_t>(seqs_.size()) - 1, ", not freed)");
+  }
+  index_t take_slot() {
+    index_t id;
+    if (!free_slots_.empty()) {
+      id = free_slots_.back();
+      free_slots_.pop_back();
+    } else {
+      seqs_.emplace_back();
+      id = static_cast<index_t>(seqs_.size()) - 1;
+    }
+    sequence& s = seqs_[static_cast<std::size_t>(id)];
+    s = sequence{};
+    s.live = true;
+    return id;
+  }
+  index_t pages_for(index_t tokens) const noexcept { return tokens / page_tokens_ + (tokens % page_tokens_ != 0); }
+  // The last page is partly filled and shared: an append copies it first.
+  bool shared_tail(sequence const& s) const noexcept {
+    return s.len % page_tokens_ != 0 && refs_[static_cast<std::size_t>(s.pages.back())] > 1;
+  }
+  index_t take_page() noexcept {
+    index_t const p = free_pages_.back();
+    free_pages_.pop_back();
+    refs_[static_cast<std::size_t>(p)] = 1;
+    return p;
+  }
+  T* token_ptr(std::vector<T>& store, index_t d, index_t page, index_t t, index_t h) noexcept {
+    return store.data() + ((page * page_tokens_ + t) * heads_ + h) * d;
+  }
+  // Writes the tokens of entry b of k and v after the sequence's last token,
+  // copying a shared last page first and taking new pages as needed.
+  void write_tokens(sequence& s, view<const T> k, view<const T> v, index_t b) {
+    if (shared_tail(s)) {
+      index_t const old = s.pages.back(), fresh = take_page();
+      --refs_[static_cast<std::size_t>(old)];
+      index_t const used = s.len % page_tokens_;
+      std::copy_n(token_ptr(keys_, dim_, old, 0, 0), used * heads_ * dim_, token_ptr(keys_, dim_, fresh, 0, 0));
+      std::copy_n(token_ptr(values_, vdim_, old, 0, 0), used * heads_ * vdim_, token_ptr(values_, vdim_, fresh, 0, 0));
+      s.pages.back() = fresh;
+    }
+    for (index_t t = 0; t < k.seq; ++t) {
+      index_t const pos = s.len + t, slot = pos % page_tokens_;
+      if (slot == 0) s.pages.push_back(take_page());
+      index_t const page = s.pages.back();
+      for (index_t h = 0; h < heads_; ++h) {
+        std::copy(k.ptr(b, t, h), k.ptr(b, t, h) + dim_, token_ptr(keys_, dim_, page, slot, h));
+        std::copy(v.ptr(b, t, h), v.ptr(b, t, h) + vdim_, token_ptr(values_, vdim_, page, slot, h));
+      }
+    }
+    s.len += k.seq;
+  }
+  view<const T> run(T const* base, index_t d, index_t page, index_t count) const noexcept {
+    return {base + page * page_tokens_ * heads_ * d, 1, count * page_tokens_, heads_, d,
+            count * page_tokens_ * heads_ * d, heads_ * d, d, 1};
+  }
+
+  index_t pages_, page_tokens_, heads_, dim_, vdim_;
+  index_t tokens_ = 0;    // sum of the lengths of the open sequences (0: no rotation recorded)
+  bool rotated_ = false;  // how the cached keys are stored; meaningful while tokens_ > 0
+  std::vector<T> keys_, values_;
+  std::vector<index_t> refs_, free_pages_, free_slots_;
+  std::vector<sequence> seqs_;
+  std::vector<T> fresh_;  // rotated copy of the keys of one append
+};
+
+}  // namespace posenc

@@ -1,0 +1,389 @@
+// SPDX-License-Identifier: MIT
+// paged_kv_cache<T> and attention over it: pages, forks, copy-on-write, and results equal to the contiguous cache.
+#include <posenc/attention/attention.hpp>
+#include <posenc/attention/kv_cache.hpp>
+#include <posenc/attention/paged_attention.hpp>
+#include <posenc/attention/paged_kv_cache.hpp>
+#include <posenc/encoding/alibi.hpp>
+#include <posenc/encoding/clipped_bias.hpp>
+#include <posenc/encoding/compose.hpp>
+#include <posenc/encoding/none.hpp>
+#include <posenc/encoding/rope.hpp>
+#include <posenc/encoding/shaw.hpp>
+#include <posenc/encoding/t5_bias.hpp>
+
+#include <atomic>
+#include <cstdlib>
+#include <limits>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "support/catch.hpp"
+#include "support/random.hpp"
+
+// Allocation counter: every operator new of this executable counts while counting is on.
+namespace {
+std::atomic<bool> g_counting{false};
+std::atomic<long long> g_allocations{0};
+void note() {
+  if (g_counting.load(std::memory_order_relaxed)) ++g_allocations;
+}
+__attribute__((noinline)) void release(void* p) noexcept { std::free(p); }
+}  // namespace
+
+#if defined(__SANITIZE_ADDRESS__)
+#define POSENC_TEST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define POSENC_TEST_ASAN 1
+#endif
+#endif
+#ifdef POSENC_TEST_ASAN
+extern "C" const char* __asan_default_options() { return "alloc_dealloc_mismatch=0"; }
+#endif
+
+void* operator new(std::size_t n) {
+  note();
+  if (void* p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void* operator new[](std::size_t n) { return operator new(n); }
+void* operator new(std::size_t n, std::align_val_t a) {
+  note();
+  std::size_t const al = static_cast<std::size_t>(a);
+  if (void* p = std::aligned_alloc(al, (n + al - 1) / al * al)) return p;
+  throw std::bad_alloc();
+}
+void* operator new[](std::size_t n, std::align_val_t a) { return operator new(n, a); }
+void operator delete(void* p) noexcept { release(p); }
+void operator delete[](void* p) noexcept { release(p); }
+void operator delete(void* p, std::size_t) noexcept { release(p); }
+void operator delete[](void* p, std::size_t) noexcept { release(p); }
+void operator delete(void* p, std::align_val_t) noexcept { release(p); }
+void operator delete[](void* p, std::align_val_t) noexcept { release(p); }
+void operator delete(void* p, std::size_t, std::align_val_t) noexcept { release(p); }
+void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { release(p); }
+
+using posenc::index_t;
+using posenc_test::random_vector;
+
+namespace {
+
+index_t const Hq = 4, Hkv = 2, D = 8;
+
+// Tokens of one sequence: keys and values (len, Hkv, D) and queries (len, Hq, D).
+template <class T>
+struct tokens {
+  std::vector<T> q, k, v;
+  tokens(index_t len, std::uint64_t seed)
+      : q(random_vector<T>(static_cast<std::size_t>(len * Hq * D), seed)),
+        k(random_vector<T>(static_cast<std::size_t>(len * Hkv * D), seed + 1)),
+        v(random_vector<T>(static_cast<std::size_t>(len * Hkv * D), seed + 2)) {}
+  static posenc::view<const T> part(std::vector<T> const& x, index_t s, index_t n, index_t h) {
+    return posenc::make_bshd<const T>(x.data() + s * h * D, 1, n, h, D);
+  }
+};
+
+template <class T, class F>
+void for_each_encoder(F&& f) {
+  f("none", posenc::none{});
+  f("rope", posenc::rope<T>(posenc::rope_layout::half_split, D));
+  posenc::rope<T> reserved(posenc::rope_layout::interleaved, D);
+  reserved.reserve(4096);
+  f("rope reserved", reserved);
+  posenc::rope_options lin;
+  lin.scaling = posenc::rope_scaling::linear(2.0);
+  f("rope linear", posenc::rope<T>(posenc::rope_layout::half_split, D, lin));
+  posenc::rope_options ntk;
+  ntk.scaling = posenc::rope_scaling::dynamic_ntk(2.0, 64);
+  f("rope dynamic ntk", posenc::rope<T>(posenc::rope_layout::half_split, D, ntk));
+  posenc::rope_options yarn;
+  yarn.scaling = posenc::rope_scaling::yarn(4.0, 64);
+  yarn.rotary_dim = D / 2;
+  f("rope yarn partial", posenc::rope<T>(posenc::rope_layout::interleaved, D, yarn));
+  f("alibi", posenc::alibi<T>(posenc::alibi_form::paper, Hq));
+  f("t5 causal", posenc::t5_bias<T>({Hq, false, 32, 128}, 5, 0.5));
+  f("t5 bidirectional", posenc::t5_bias<T>({Hq, true, 32, 128}, 6, 0.5));
+  f("clipped", posenc::clipped_bias<T>(6, Hq, 7, 0.5));
+  f("shaw keys+values", posenc::shaw<T>(4, D, posenc::shaw_terms::keys_and_values, 8, 0.5));
+  f("rope + alibi", posenc::compose(posenc::rope<T>(posenc::rope_layout::half_split, D),
+                                    posenc::alibi<T>(posenc::alibi_form::paper, Hq)));
+}
+
+template <class T>
+double max_diff(std::vector<T> const& a, std::vector<T> const& b) {
+  double m = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (std::isinf(a[i]) && a[i] == b[i]) continue;
+    double const d = std::abs(static_cast<double>(a[i]) - static_cast<double>(b[i]));
+    m = d > m || d != d ? d : m;
+  }
+  return m;
+}
+
+// The option sets every paged result is checked under.
+template <class T>
+std::vector<std::pair<std::string, posenc::attention_options<T>>> option_sets() {
+  std::vector<std::pair<std::string, posenc::attention_options<T>>> r;
+  posenc::attention_options<T> o;
+  r.emplace_back("plain", o);
+  o.causal = true;
+  r.emplace_back("causal", o);
+  o.sliding_window = 40;
+  r.emplace_back("window 40", o);
+  o.sliding_window = 0;
+  o.softcap = 3;
+  o.scale = 0.7;
+  r.emplace_back("causal softcap scale", o);
+  o = {};
+  o.causal = true;
+  o.threads = 2;
+  r.emplace_back("causal 2 threads", o);
+  return r;
+}
+
+// Three sequences (first positions 0, 9, 0) built by interleaved appends so
+// that their pages are not consecutive, then sequence 3 forked from 0 and both
+// continued differently; each step checks paged attention (one entry per
+// sequence, Sq queries each) against a contiguous kv_cache per sequence.
+template <class T, class Path, class E>
+void check_against_contiguous(E const& enc, index_t page, posenc::attention_options<T> const& opt,
+                              std::string const& what) {
+  std::vector<index_t> const lens = {150, 37, 260, 0};
+  std::vector<index_t> const firsts = {0, 9, 0, 0};
+  posenc::paged_kv_cache<T> cache(2000 / page + 40, page, Hkv, D);
+  std::vector<tokens<T>> tok;
+  std::vector<posenc::kv_cache<T>> ref;
+  std::vector<index_t> ids, done(4, 0);
+  for (index_t s = 0; s < 3; ++s) {
+    tok.emplace_back(lens[static_cast<std::size_t>(s)] + 40, 100 + 10 * s);
+    ref.emplace_back(1, Hkv, D, 0, firsts[static_cast<std::size_t>(s)]);
+    ids.push_back(cache.add_sequence(firsts[static_cast<std::size_t>(s)]));
+  }
+  // Prefill in pieces of 13, round robin.
+  for (bool more = true; more;) {
+    more = false;
+    for (std::size_t s = 0; s < 3; ++s) {
+      index_t const n = std::min<index_t>(13, lens[s] - done[s]);
+      if (n <= 0) continue;
+      more = true;
+      cache.append(ids[s], tokens<T>::part(tok[s].k, done[s], n, Hkv), tokens<T>::part(tok[s].v, done[s], n, Hkv),
+                   enc);
+      ref[s].append(tokens<T>::part(tok[s].k, done[s], n, Hkv), tokens<T>::part(tok[s].v, done[s], n, Hkv), enc);
+      done[s] += n;
+    }
+  }
+  // Sequence 3: a fork of sequence 0, continued with other tokens.
+  ids.push_back(cache.fork(ids[0]));
+  tok.emplace_back(lens[0] + 40, 900);
+  tok[3].k = tok[0].k;
+  tok[3].v = tok[0].v;
+  for (std::size_t i = static_cast<std::size_t>(lens[0] * Hkv * D); i < tok[3].k.size(); ++i) {
+    tok[3].k[i] = -tok[3].k[i] + T(0.25);
+    tok[3].v[i] = T(0.5) * tok[3].v[i];
+  }
+  ref.push_back(ref[0]);
+  done[3] = done[0];
+  posenc::paged_attention_workspace<T> ws;
+  for (index_t step = 0; step < 4; ++step) {
+    index_t const sq = step == 2 ? 3 : 1;  // a speculative step of 3 tokens
+    std::vector<T> q(static_cast<std::size_t>(4 * sq * Hq * D)), want(q.size(), T(7)), got(q.size(), T(-7));
+    std::vector<T> lse_want(static_cast<std::size_t>(4 * Hq * sq)), lse_got(lse_want.size());
+    std::vector<index_t> order = {ids[2], ids[0], ids[3], ids[1]};  // entries in any order
+    std::vector<std::size_t> slot = {2, 0, 3, 1};
+    for (index_t b = 0; b < 4; ++b) {
+      std::size_t const s = slot[static_cast<std::size_t>(b)];
+      cache.append(order[static_cast<std::size_t>(b)], tokens<T>::part(tok[s].k, done[s], sq, Hkv),
+                   tokens<T>::part(tok[s].v, done[s], sq, Hkv), enc);
+      ref[s].append(tokens<T>::part(tok[s].k, done[s], sq, Hkv), tokens<T>::part(tok[s].v, done[s], sq, Hkv), enc);
+      std::copy_n(tok[s].q.begin() + done[s] * Hq * D, sq * Hq * D, q.begin() + b * sq * Hq * D);
+      done[s] += sq;
+      posenc::attention_options<T> o = opt;
+      o.lse = lse_want.data() + b * Hq * sq;
+      posenc::attention<posenc::path::reference>(posenc::make_bshd<const T>(q.data() + b * sq * Hq * D, 1, sq, Hq, D),
+                                                 ref[s], posenc::make_bshd(want.data() + b * sq * Hq * D, 1, sq, Hq, D),
+                                                 enc, o);
+    }
+    posenc::attention_options<T> o = opt;
+    o.lse = lse_got.data();
+    posenc::attention<Path>(posenc::make_bshd<const T>(q.data(), 4, sq, Hq, D), cache, order,
+                            posenc::make_bshd(got.data(), 4, sq, Hq, D), enc, o, ws);
+    double const tol = std::is_same<T, float>::value ? 2e-5 : 1e-12;
+    INFO(what << ", step " << step);
+    CHECK(max_diff(want, got) < tol);
+    CHECK(max_diff(lse_want, lse_got) < tol * 10);
+  }
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("paged attention equals the contiguous cache: every encoder, option and page size",
+                   "[paged]", float, double) {
+  using T = TestType;
+  for (index_t page : {1, 16, 64, 100}) {
+    for (auto const& [oname, opt] : option_sets<T>()) {
+      for_each_encoder<T>([&, oname = oname, opt = opt](std::string const& ename, auto const& enc) {
+        std::string const what = ename + ", " + oname + ", page " + std::to_string(page);
+        check_against_contiguous<T, posenc::path::fused>(enc, page, opt, what + ", fused");
+        if (page == 16) check_against_contiguous<T, posenc::path::reference>(enc, page, opt, what + ", reference");
+      });
+    }
+  }
+}
+
+TEST_CASE("paged attention equals the contiguous cache with masks", "[paged]") {
+  // An additive mask per entry and a broadcast bool mask; key index j is the sequence's token j.
+  posenc::attention_options<float> opt;
+  opt.causal = true;
+  index_t const K = 300;
+  std::vector<float> mask(static_cast<std::size_t>(4 * Hq * 1 * K), 0.0f);
+  for (std::size_t i = 0; i < mask.size(); i += 7) mask[i] = -std::numeric_limits<float>::infinity();
+  opt.mask = posenc::make_mask<float>(mask.data(), 4, Hq, 1, K);
+  // Masks are per entry of the paged call: the contiguous check runs entry by
+  // entry with the slice of its entry, so compare through the reference path.
+  posenc::paged_kv_cache<float> cache(64, 16, Hkv, D);
+  tokens<float> t(200, 5);
+  std::vector<index_t> ids;
+  for (index_t s = 0; s < 4; ++s) {
+    ids.push_back(cache.add_sequence(3 * s));
+    cache.append(ids.back(), tokens<float>::part(t.k, 0, 50 + 40 * s, Hkv), tokens<float>::part(t.v, 0, 50 + 40 * s, Hkv),
+                 posenc::alibi<float>(posenc::alibi_form::paper, Hq));
+  }
+  std::vector<float> q = random_vector<float>(static_cast<std::size_t>(4 * Hq * D), 77);
+  std::vector<float> want(q.size()), got(q.size());
+  posenc::alibi<float> const enc(posenc::alibi_form::paper, Hq);
+  for (auto const& [name, o] : {std::make_pair(std::string("additive"), opt), [&] {
+                                  posenc::attention_options<float> b = opt;
+                                  b.mask = {};
+                                  return std::make_pair(std::string("none"), b);
+                                }()}) {
+    INFO(name);
+    posenc::attention<posenc::path::reference>(posenc::make_bshd<const float>(q.data(), 4, 1, Hq, D), cache, ids,
+                                               posenc::make_bshd(want.data(), 4, 1, Hq, D), enc, o);
+    posenc::attention<posenc::path::fused>(posenc::make_bshd<const float>(q.data(), 4, 1, Hq, D), cache, ids,
+                                           posenc::make_bshd(got.data(), 4, 1, Hq, D), enc, o);
+    CHECK(max_diff(want, got) < 2e-5);
+    // and the reference over the paged cache equals a plain call on each gathered sequence
+    for (index_t b = 0; b < 4; ++b) {
+      std::vector<float> one(static_cast<std::size_t>(Hq * D));
+      posenc::attention_options<float> ob = o;
+      ob.k_positions = posenc::position_span(3 * b);
+      ob.q_positions = posenc::position_span(3 * b + 50 + 40 * b - 1);
+      if (!o.mask.empty()) {
+        ob.mask = posenc::make_mask<float>(mask.data() + b * Hq * K, 1, Hq, 1, K);
+        ob.mask.k = 50 + 40 * b;  // the sequence's keys
+      }
+      posenc::attention<posenc::path::reference>(posenc::make_bshd<const float>(q.data() + b * Hq * D, 1, 1, Hq, D),
+                                                 tokens<float>::part(t.k, 0, 50 + 40 * b, Hkv),
+                                                 tokens<float>::part(t.v, 0, 50 + 40 * b, Hkv),
+                                                 posenc::make_bshd(one.data(), 1, 1, Hq, D), enc, ob);
+      std::vector<float> part(want.begin() + b * Hq * D, want.begin() + (b + 1) * Hq * D);
+      CHECK(max_diff(part, one) < 1e-6);
+    }
+  }
+}
+
+TEST_CASE("paged_kv_cache: a fork shares pages; appends never change another sequence's keys", "[paged]") {
+  for (index_t page : {1, 16, 100}) {
+    INFO("page " << page);
+    posenc::paged_kv_cache<float> cache(400, page, Hkv, D);
+    tokens<float> t(300, 3), u(300, 4);
+    posenc::rope<float> const rope(posenc::rope_layout::half_split, D);
+    index_t const a = cache.add_sequence();
+    index_t const L0 = 2 * page + page / 2 + 1;  // a partly filled last page
+    cache.append(a, tokens<float>::part(t.k, 0, L0, Hkv), tokens<float>::part(t.v, 0, L0, Hkv), rope);
+    index_t const b = cache.fork(a);
+    index_t const c = cache.fork(b);
+    CHECK(cache.length(b) == L0);
+    for (index_t p : cache.page_table(a)) CHECK(cache.page_references(p) == 3);
+    auto snapshot = [&](index_t id) {
+      std::vector<float> k;
+      auto const table = cache.page_table(id);
+      for (index_t j = 0; j < cache.length(id); ++j) {
+        auto const pk = cache.page_keys(table[j / page], 1);
+        auto const pv = cache.page_values(table[j / page], 1);
+        k.insert(k.end(), pk.ptr(0, j % page, 0), pk.ptr(0, j % page, 0) + Hkv * D);
+        k.insert(k.end(), pv.ptr(0, j % page, 0), pv.ptr(0, j % page, 0) + Hkv * D);
+      }
+      return k;
+    };
+    auto const before_a = snapshot(a), before_c = snapshot(c);
+    // b appends different tokens into the shared last page, then many more.
+    cache.append(b, tokens<float>::part(u.k, 0, 1, Hkv), tokens<float>::part(u.v, 0, 1, Hkv), rope);
+    cache.append(b, tokens<float>::part(u.k, 1, 2 * page + 3, Hkv), tokens<float>::part(u.v, 1, 2 * page + 3, Hkv),
+                 rope);
+    CHECK(snapshot(a) == before_a);
+    CHECK(snapshot(c) == before_c);
+    // a appends too (many sequences at once with c): still no effect on b's copy of the prefix
+    auto const b_prefix = snapshot(b);
+    std::vector<float> k2 = random_vector<float>(static_cast<std::size_t>(2 * 5 * Hkv * D), 9);
+    std::vector<index_t> ac = {a, c};
+    cache.append(ac, posenc::make_bshd<const float>(k2.data(), 2, 5, Hkv, D),
+                 posenc::make_bshd<const float>(k2.data(), 2, 5, Hkv, D), rope);
+    CHECK(snapshot(b) == b_prefix);
+    auto const sa = snapshot(a);
+    CHECK(std::vector<float>(sa.begin(), sa.begin() + static_cast<std::ptrdiff_t>(before_a.size())) == before_a);
+    CHECK(snapshot(a) != snapshot(c));
+    // full shared pages stay shared: every sequence still points at the first page
+    CHECK(cache.page_table(a)[0] == cache.page_table(b)[0]);
+    CHECK(cache.page_table(a)[0] == cache.page_table(c)[0]);
+    // freeing returns exactly the pages nobody shares
+    index_t const free_before = cache.free_page_count();
+    cache.free(b);
+    CHECK(cache.free_page_count() > free_before);
+    cache.free(a);
+    cache.free(c);
+    CHECK(cache.free_page_count() == cache.pages());
+  }
+}
+
+// One batched decode step over 16 sequences of lengths 40 .. 640 after a first
+// step has grown the workspace: `counted_append` counts the appends too (an
+// encoder that rotates allocates inside its own rotate, which is its business).
+template <class E>
+long long decode_step_allocations(E const& enc, index_t first, int threads, bool counted_append) {
+  posenc::paged_kv_cache<float> cache(1024, 16, Hkv, D);
+  tokens<float> t(700, 11);
+  std::vector<index_t> ids;
+  for (index_t s = 0; s < 16; ++s) {
+    ids.push_back(cache.add_sequence(first));
+    index_t const n = 40 + 40 * s;
+    cache.append(ids.back(), tokens<float>::part(t.k, 0, n, Hkv), tokens<float>::part(t.v, 0, n, Hkv), enc);
+  }
+  std::vector<float> q = random_vector<float>(static_cast<std::size_t>(16 * Hq * D), 12), out(q.size());
+  std::vector<float> kn = random_vector<float>(static_cast<std::size_t>(16 * Hkv * D), 13);
+  posenc::attention_options<float> opt;
+  opt.causal = true;
+  opt.threads = threads;
+  posenc::paged_attention_workspace<float> ws;
+  auto step = [&] {
+    // one new token per sequence (no page boundary is crossed), then the attention of the step
+    g_counting = counted_append;
+    cache.append(ids, posenc::make_bshd<const float>(kn.data(), 16, 1, Hkv, D),
+                 posenc::make_bshd<const float>(kn.data(), 16, 1, Hkv, D), enc);
+    g_counting = true;
+    posenc::attention(posenc::make_bshd<const float>(q.data(), 16, 1, Hq, D), cache, ids,
+                      posenc::make_bshd(out.data(), 16, 1, Hq, D), enc, opt, ws);
+    g_counting = false;
+  };
+  step();
+  g_allocations = 0;
+  step();
+  step();
+  g_counting = false;
+  return g_allocations.load();
+}
+
+TEST_CASE("paged attention: a decode step allocates nothing once pages exist", "[paged]") {
+  posenc::rope<float> rope(posenc::rope_layout::half_split, D);
+  rope.reserve(4096);
+  posenc::alibi<float> const alibi(posenc::alibi_form::paper, Hq);
+  for (int threads : {1, 2}) {
+    INFO(threads << " threads");
+    CHECK(decode_step_allocations(posenc::none{}, 0, threads, true) == 0);
+    CHECK(decode_step_allocations(alibi, 5, threads, true) == 0);
+    CHECK(decode_step_allocations(rope, 0, threads, false) == 0);
+    CHECK(decode_step_allocations(rope, 7, threads, false) == 0);
+  }
+}
