@@ -35,5 +35,6 @@
 #include "posenc/attention/materialized.hpp"
 #include "posenc/attention/multi_head.hpp"
 #include "posenc/attention/options.hpp"
+#include "posenc/attention/packed.hpp"
 #include "posenc/attention/plan.hpp"
 #include "posenc/attention/reference.hpp"
