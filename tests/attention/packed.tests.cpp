@@ -380,3 +380,36 @@ TEST_CASE("docs/serving.md: a packed causal prefill with RoPE, then one decode s
                     step);
   for (float x : out1) CHECK(std::isfinite(x));
 }
+
+TEMPLATE_TEST_CASE("packed attention: queries of a sequence without keys give zeros and lse -inf, the others are untouched by them",
+                   "[attention][packed]", posenc::path::reference, posenc::path::materialized, posenc::path::fused) {
+  // Sequence 0: 2 queries, no key; sequence 1: 1 query over 3 keys; sequence 2: nothing at all.
+  std::vector<index_t> const cu_q{0, 2, 3, 3}, cu_k{0, 0, 3, 3};
+  std::vector<float> const q = posenc_test::random_vector<float>(3 * Hq * D, 71);
+  std::vector<float> const k = posenc_test::random_vector<float>(3 * Hkv * D, 72);
+  std::vector<float> const v = posenc_test::random_vector<float>(3 * Hkv * D, 73);
+  posenc::alibi<float> const alibi(posenc::alibi_form::paper, Hq);
+  for (int threads : {1, 2}) {
+    std::vector<float> out(3 * Hq * D, 9.0f), lse(Hq * 3, 9.0f), want(Hq * D), want_lse(Hq);
+    posenc::attention_options<float> opt;
+    opt.causal = true;  // sequence 0's rows sit before position 0 (bottom-right against no key)
+    opt.lse = lse.data();
+    opt.threads = threads;
+    posenc::attention<TestType, float>(posenc::make_bshd(q.data(), 1, 3, Hq, D), posenc::make_bshd(k.data(), 1, 3, Hkv, D),
+                                       posenc::make_bshd(v.data(), 1, 3, Hkv, D), posenc::make_bshd(out.data(), 1, 3, Hq, D),
+                                       posenc::packed_sequences{cu_q, cu_k}, alibi, opt);
+    posenc::attention_options<float> one = opt;
+    one.lse = want_lse.data();
+    posenc::attention<TestType, float>(posenc::make_bshd(q.data() + 2 * Hq * D, 1, 1, Hq, D),
+                                       posenc::make_bshd(k.data(), 1, 3, Hkv, D), posenc::make_bshd(v.data(), 1, 3, Hkv, D),
+                                       posenc::make_bshd(want.data(), 1, 1, Hq, D), alibi, one);
+    INFO("threads " << threads);
+    for (index_t t = 0; t < 2 * Hq * D; ++t) CHECK(out[static_cast<std::size_t>(t)] == 0.0f);
+    for (index_t h = 0; h < Hq; ++h) {
+      CHECK(lse[static_cast<std::size_t>(h * 3)] == -std::numeric_limits<float>::infinity());
+      CHECK(lse[static_cast<std::size_t>(h * 3 + 1)] == -std::numeric_limits<float>::infinity());
+      CHECK(lse[static_cast<std::size_t>(h * 3 + 2)] == want_lse[static_cast<std::size_t>(h)]);
+    }
+    CHECK(std::equal(want.begin(), want.end(), out.begin() + 2 * Hq * D));
+  }
+}
