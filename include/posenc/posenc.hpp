@@ -37,5 +37,6 @@
 #include "posenc/attention/paged_attention.hpp"
 #include "posenc/attention/paged_kv_cache.hpp"
 #include "posenc/attention/options.hpp"
+#include "posenc/attention/packed.hpp"
 #include "posenc/attention/plan.hpp"
 #include "posenc/attention/reference.hpp"
