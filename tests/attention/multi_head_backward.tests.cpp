@@ -252,6 +252,7 @@ TEST_CASE("multi_head_attention::backward: the example of docs/backward.md", "[m
   layer.forward(x, y, opt, s);                         // prefill; fills s
   auto g = layer.make_gradients();                     // zeros shaped like the weights
   layer.backward(x, dy, dx, s, g, opt);                // writes dx, adds into g
+  // g.w_q .. g.w_o (out_features, in_features), g.b_q .. g.b_o, g.encoder (t5: g.encoder.table)
   // ---
   std::vector<float> y2(ys.size());
   layer.forward(x, posenc::make_bsd(y2.data(), batch, seq, model), opt);

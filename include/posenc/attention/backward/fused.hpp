@@ -129,8 +129,8 @@ void block_products(view<const T> const& x, index_t b, index_t h, index_t i0, in
                     index_t len, T* s) noexcept {
   fused::row_blocks<static_cast<int>(Tr::row_group_v)>(nr, [&](index_t r0, auto ng) {
     constexpr int NG = decltype(ng)::value;
-    T const* xr[NG];
-    T* sr[NG];
+    T const* xr[static_cast<std::size_t>(NG)];
+    T* sr[static_cast<std::size_t>(NG)];
     for (int g = 0; g < NG; ++g) {
       xr[g] = x.ptr(b, i0 + r0 + g, h);
       sr[g] = s + (r0 + g) * block_keys_v;
@@ -267,7 +267,7 @@ void tile_products(backward_views<T> const& io, index_t b, index_t h, index_t hk
                    index_t j0, index_t nk, index_t D, index_t Dv, tile_scratch<T>& sc, T* dq_rows,
                    bool keys_finite, bool rows_finite, index_t off) noexcept {
   constexpr int NG = static_cast<int>(Tr::row_group_v);
-  T const ones[NG] = {T(1), T(1), T(1), T(1)};
+  T const ones[static_cast<std::size_t>(NG)] = {T(1), T(1), T(1), T(1)};
   static_assert(NG == 4, "ones[] holds row_group_v values");
   T const* pt = sc.pt.data();
   T const* dst = sc.dst.data();
@@ -282,8 +282,8 @@ void tile_products(backward_views<T> const& io, index_t b, index_t h, index_t hk
   }
   fused::row_blocks<NG>(nk, [&](index_t t0, auto ng) {
     constexpr int G = decltype(ng)::value;
-    T const* pr[G];
-    T const* dr[G];
+    T const* pr[static_cast<std::size_t>(G)];
+    T const* dr[static_cast<std::size_t>(G)];
     for (int g = 0; g < G; ++g) {
       pr[g] = pt + (t0 + g) * block_rows_v;
       dr[g] = dst + (t0 + g) * block_rows_v;
@@ -301,7 +301,7 @@ void tile_products(backward_views<T> const& io, index_t b, index_t h, index_t hk
   T const* kt = io.k.ptr(b, j0, hk);
   fused::row_blocks<NG>(nr, [&](index_t r0, auto ng) {
     constexpr int G = decltype(ng)::value;
-    T const* dr[G];
+    T const* dr[static_cast<std::size_t>(G)];
     for (int g = 0; g < G; ++g) dr[g] = sc.dp.data() + (r0 + g) * block_keys_v;
     if (keys_finite)
       fused::row_values<Tr, G>(dr, ones, kt, io.k.seq_stride, nk, D, dq_rows + r0 * D);
