@@ -486,6 +486,32 @@ void finish_rows(ring_workspace<T> const& acc, view<T> out, T* lse, index_t B, i
       }
 }
 
+/// One ring step's work on this rank: every (query run, key run) pair of the
+/// shard's runs against block `src`'s runs that some query can see, as
+/// body(qs, ks, q0, k0) with q0, k0 the runs' first rows in the shard and the
+/// block. Pairs nobody sees are counted and skipped; after each pair the
+/// pending transfers get a chance to progress.
+template <class T, class Body>
+void for_each_visible_pair(ring_setup<T> const& st, int r, int src, bool causal, index_t window, ring_stats& stats,
+                           MPI_Request* req, int nreq, Body&& body) {
+  index_t q0 = 0;
+  for (segment const& qs : st.map.runs[static_cast<std::size_t>(r)]) {
+    index_t k0 = 0;
+    for (segment const& ks : st.map.runs[static_cast<std::size_t>(src)]) {
+      if (block_invisible(qs, ks, st.q_offset, st.k_offset, causal, window, st.key_len)) {
+        ++stats.blocks_skipped;
+      } else {
+        body(qs, ks, q0, k0);
+        ++stats.blocks_run;
+        int done = 0;
+        MPI_Testall(nreq, req, &done, MPI_STATUSES_IGNORE);  // lets the transfers progress between blocks
+      }
+      k0 += ks.count;
+    }
+    q0 += qs.count;
+  }
+}
+
 }  // namespace detail
 
 /// Attention over a sequence split across the ranks of `comm`: rank r holds
@@ -571,26 +597,14 @@ ring_stats ring_attention(MPI_Comm comm, view<const posenc::detail::identity_t<T
     }
     auto const t_compute = detail::clock::now();
     auto const kv = detail::block_views(ws.blocks[cur].data(), B, lengths[static_cast<std::size_t>(src)], Hkv, D, Dv);
-    index_t q0 = 0;
-    for (segment const& qs : st.map.runs[static_cast<std::size_t>(r)]) {
-      index_t k0 = 0;
-      for (segment const& ks : st.map.runs[static_cast<std::size_t>(src)]) {
-        if (detail::block_invisible(qs, ks, st.q_offset, st.k_offset, opt.causal, opt.sliding_window, st.key_len)) {
-          ++stats.blocks_skipped;
-          k0 += ks.count;
-          continue;
-        }
-        attention_options<T> const o = detail::block_options(st, opt, qs, ks, shift_ok, klens, tmp_lse);
-        detail::attend_and_merge(ring.get(), ws, detail::rows_of(qsrc, q0, qs.count),
-                                 detail::rows_of(kv.first, k0, ks.count), detail::rows_of(kv.second, k0, ks.count),
-                                 enc, o, S, q0);
-        ++stats.blocks_run;
-        int done = 0;
-        MPI_Testall(2, req, &done, MPI_STATUSES_IGNORE);  // lets the transfer progress between blocks
-        k0 += ks.count;
-      }
-      q0 += qs.count;
-    }
+    detail::for_each_visible_pair(st, r, src, opt.causal, opt.sliding_window, stats, req, 2,
+                                  [&](segment qs, segment ks, index_t q0, index_t k0) {
+                                    attention_options<T> const o =
+                                        detail::block_options(st, opt, qs, ks, shift_ok, klens, tmp_lse);
+                                    detail::attend_and_merge(ring.get(), ws, detail::rows_of(qsrc, q0, qs.count),
+                                                             detail::rows_of(kv.first, k0, ks.count),
+                                                             detail::rows_of(kv.second, k0, ks.count), enc, o, S, q0);
+                                  });
     stats.compute_seconds += detail::seconds_since(t_compute);
     auto const t_wait = detail::clock::now();
     MPI_Waitall(2, req, MPI_STATUSES_IGNORE);

@@ -200,28 +200,15 @@ ring_stats ring_attention_backward(MPI_Comm comm, view<const posenc::detail::ide
     auto const t_compute = detail::clock::now();
     std::fill(partial, partial + n_block, T(0));
     auto const kv = detail::block_views(ws.blocks[cur].data(), B, blen, Hkv, D, Dv);
-    index_t q0 = 0;
-    for (segment const& qs : st.map.runs[static_cast<std::size_t>(r)]) {
-      index_t k0 = 0;
-      for (segment const& ks : st.map.runs[static_cast<std::size_t>(src)]) {
-        if (detail::block_invisible(qs, ks, st.q_offset, st.k_offset, opt.causal, opt.sliding_window, st.key_len)) {
-          ++stats.blocks_skipped;
-          k0 += ks.count;
-          continue;
-        }
-        detail::copy_lse_rows(static_cast<T const*>(opt.lse), bb.lse_run.data(), B, Hq, S, q0, qs.count);
-        attention_options<T> const o = detail::block_options(st, opt, qs, ks, shift_ok, klens, bb.lse_run.data());
-        detail::backward_block(ring.get(), bb, partial, blen, detail::rows_of(qsrc, q0, qs.count),
-                               detail::rows_of(kv.first, k0, ks.count), detail::rows_of(kv.second, k0, ks.count),
-                               detail::rows_of(out, q0, qs.count), detail::rows_of(dout, q0, qs.count), enc, o, S,
-                               q0, k0, grads);
-        ++stats.blocks_run;
-        int done = 0;
-        MPI_Testall(3, req, &done, MPI_STATUSES_IGNORE);  // lets the transfers progress between blocks
-        k0 += ks.count;
-      }
-      q0 += qs.count;
-    }
+    detail::for_each_visible_pair(
+        st, r, src, opt.causal, opt.sliding_window, stats, req, 3, [&](segment qs, segment ks, index_t q0, index_t k0) {
+          detail::copy_lse_rows(static_cast<T const*>(opt.lse), bb.lse_run.data(), B, Hq, S, q0, qs.count);
+          attention_options<T> const o = detail::block_options(st, opt, qs, ks, shift_ok, klens, bb.lse_run.data());
+          detail::backward_block(ring.get(), bb, partial, blen, detail::rows_of(qsrc, q0, qs.count),
+                                 detail::rows_of(kv.first, k0, ks.count), detail::rows_of(kv.second, k0, ks.count),
+                                 detail::rows_of(out, q0, qs.count), detail::rows_of(dout, q0, qs.count), enc, o, S,
+                                 q0, k0, grads);
+        });
     stats.compute_seconds += detail::seconds_since(t_compute);
 
     auto const t_wait = detail::clock::now();
