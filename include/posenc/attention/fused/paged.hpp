@@ -16,7 +16,6 @@
 // May include: the fused/ rooms above it, attention/plan.hpp, core/.
 
 #include <algorithm>
-#include <cstdint>
 #include <vector>
 
 #include "posenc/attention/fused/decode.hpp"
@@ -63,15 +62,13 @@ struct paged_work {
   }
 };
 
-/// A view of one chunk whose key index j (j0 <= j < j1) lands on the chunk's
-/// key j - j0: the kernels index keys by the entry's global key index. The
-/// base address is formed as an integer so that no pointer before the page
-/// run is formed; only keys of the chunk are ever addressed.
+/// A view of one run whose key index j (j0 <= j < j1) lands on the run's
+/// key j - j0: the kernels index keys by the entry's global key index, so the
+/// view's base is the run's key j0 moved back by j0 tokens. Only keys j0 ..
+/// j1 - 1 of the view are ever addressed.
 template <class T>
 view<const T> chunk_view(T const* at_j0, index_t j0, index_t j1, index_t heads, index_t dim, index_t token_stride) noexcept {
-  auto const addr = reinterpret_cast<std::uintptr_t>(at_j0) -
-                    static_cast<std::uintptr_t>(j0) * static_cast<std::uintptr_t>(token_stride) * sizeof(T);
-  return {reinterpret_cast<T const*>(addr), 1, j1, heads, dim, j1 * token_stride, token_stride, dim, 1};
+  return {at_j0 - j0 * token_stride, 1, j1, heads, dim, j1 * token_stride, token_stride, dim, 1};
 }
 
 /// Row groups [u0, u1) (unit u: kv head u / groups, group u % groups) of the
