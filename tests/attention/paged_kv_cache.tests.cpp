@@ -12,6 +12,7 @@
 #include <posenc/encoding/shaw.hpp>
 #include <posenc/encoding/t5_bias.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <limits>
@@ -341,8 +342,12 @@ TEST_CASE("paged_kv_cache: a fork shares pages; appends never change another seq
 // One batched decode step over 16 sequences of lengths 40 .. 640 after a first
 // step has grown the workspace: `counted_append` counts the appends too (an
 // encoder that rotates allocates inside its own rotate, which is its business).
+// `reorder`: the counted steps take the sequences in reverse order, as a server
+// whose batch changes does, so that each workspace entry meets a sequence
+// 16 times longer than the one it was sized for.
 template <class E>
-long long decode_step_allocations(E const& enc, index_t first, int threads, bool counted_append) {
+long long decode_step_allocations(E const& enc, index_t first, int threads, bool counted_append,
+                                  bool reorder = false) {
   posenc::paged_kv_cache<float> cache(1024, 16, Hkv, D);
   tokens<float> t(700, 11);
   std::vector<index_t> ids;
@@ -359,6 +364,7 @@ long long decode_step_allocations(E const& enc, index_t first, int threads, bool
   posenc::paged_attention_workspace<float> ws;
   auto step = [&] {
     // one new token per sequence (no page boundary is crossed), then the attention of the step
+    if (reorder) std::reverse(ids.begin(), ids.end());
     g_counting = counted_append;
     cache.append(ids, posenc::make_bshd<const float>(kn.data(), 16, 1, Hkv, D),
                  posenc::make_bshd<const float>(kn.data(), 16, 1, Hkv, D), enc);
@@ -385,5 +391,12 @@ TEST_CASE("paged attention: a decode step allocates nothing once pages exist", "
     CHECK(decode_step_allocations(alibi, 5, threads, true) == 0);
     CHECK(decode_step_allocations(rope, 0, threads, false) == 0);
     CHECK(decode_step_allocations(rope, 7, threads, false) == 0);
+    // every first position, whatever sequence each entry held before
+    for (index_t first : {0, 1, 5, 1000}) {
+      INFO("first position " << first << ", entries reordered");
+      CHECK(decode_step_allocations(posenc::none{}, first, threads, true, true) == 0);
+      CHECK(decode_step_allocations(alibi, first, threads, true, true) == 0);
+      CHECK(decode_step_allocations(rope, first, threads, false, true) == 0);
+    }
   }
 }
