@@ -213,6 +213,9 @@ void fill_paged_plan(attention_plan<T>& p, view<const T> q, paged_kv_cache<T> co
 /// runs of pages with consecutive ids, each a strided view, tile by tile with
 /// the row kernel; the chunks of an entry are merged by log-sum-exp. Work is
 /// parallel over (entry, chunk), and (kv head, row group) with Shaw terms.
+/// A prefill (Sq x group at least the lane kernel's minimum rows, no Shaw
+/// terms) runs the lane kernel's steps over each entry's runs of pages
+/// instead, parallel over (entry, kv head, query blocks).
 /// path::reference and path::materialized gather each sequence (the oracle).
 ///
 /// @param q   (entries, Sq, Hq, D), D = cache.head_dim(), Hq a multiple of cache.kv_heads()
@@ -349,8 +352,16 @@ void attention(view<const detail::identity_t<T>> q, paged_kv_cache<T> const& cac
                               encoder_traits<E>::is_relative);
       total += cache.length(id);
     }
-    // Chunks: one per entry with one thread; with more, pieces so that every thread gets work.
     using Tr = detail::fused_default_traits<T>;
+    // Prefill (rows enough for lanes, no relative key or value terms): the lane
+    // kernel over one chunk per entry, parallel over (entry, kv head, query blocks).
+    if (!encoder_traits<E>::relative_key_value &&
+        Sq * work.plans[0].group >= Tr::lane_kernel_min_rows_v) {
+      detail::plan_chunks(work, cache, seq_ids, position_limit);
+      detail::fused::run_paged_lanes(work, n, qk, out, enc, rots, pool_k.seq_stride, pool_v.seq_stride, opt.threads);
+      return;
+    }
+    // Chunks: one per entry with one thread; with more, pieces so that every thread gets work.
     int const threads = loop_threads(opt.threads);
     index_t max_len = position_limit;
     if (threads > 1) {
