@@ -6,6 +6,7 @@
 // cache level), so the ratio counters hold up when the machine is busy:
 //   x_contiguous = paged decode time / contiguous kv_cache decode time (same sequence)
 //   x_stream     = paged batched decode time / time to read all its K and V once
+//   x_contiguous (prefill) = causal prefill of a prompt over its pages / the same prefill on contiguous K and V
 #include <posenc/attention/attention.hpp>
 #include <posenc/attention/kv_cache.hpp>
 #include <posenc/attention/paged_attention.hpp>
@@ -169,6 +170,54 @@ void batched_decode(benchmark::State& state, int threads) {
   state.counters["threads"] = threads;
 }
 
+/// Causal prefill of a 2048-token prompt (H = 8, D = 128) whose keys and
+/// values sit in 16-token pages (`scattered`: alternating with another
+/// sequence's, every page its own run), all 2048 queries in one call.
+/// Baseline: the same prefill over contiguous K and V, in the same loop.
+void prefill_vs_contiguous(benchmark::State& state, bool scattered, int threads) {
+  index_t const S = 2048, P = 16;
+  auto const k = random_floats(static_cast<std::size_t>(S * H * D), 2);
+  auto const v = random_floats(static_cast<std::size_t>(S * H * D), 3);
+  auto const q = random_floats(static_cast<std::size_t>(S * H * D), 1);
+  std::vector<float> out(q.size());
+  posenc::paged_kv_cache<float> paged(2 * S / P + 2, P, H, D);
+  index_t const id = paged.add_sequence(), other = paged.add_sequence();
+  for (index_t s = 0; s < S; s += P) {
+    auto const kp = posenc::make_bshd<const float>(k.data() + s * H * D, 1, P, H, D);
+    auto const vp = posenc::make_bshd<const float>(v.data() + s * H * D, 1, P, H, D);
+    paged.append(id, kp, vp, posenc::none{});
+    if (scattered) paged.append(other, kp, vp, posenc::none{});
+  }
+  posenc::attention_options<float> opt;
+  opt.causal = true;
+  opt.threads = threads;
+  posenc::paged_attention_workspace<float> ws;
+  std::vector<index_t> const ids = {id};
+  auto const qv = posenc::make_bshd<const float>(q.data(), 1, S, H, D);
+  auto const kv = posenc::make_bshd<const float>(k.data(), 1, S, H, D);
+  auto const vv = posenc::make_bshd<const float>(v.data(), 1, S, H, D);
+  auto const ov = posenc::make_bshd(out.data(), 1, S, H, D);
+  auto run_paged = [&] { posenc::attention<posenc::path::fused>(qv, paged, ids, ov, posenc::none{}, opt, ws); };
+  auto run_contiguous = [&] { posenc::attention<posenc::path::fused>(qv, kv, vv, ov, posenc::none{}, opt); };
+  run_paged();
+  run_contiguous();
+  double paged_s = 0, contiguous_s = 0;
+  for (auto _ : state) {
+    auto const t0 = std::chrono::steady_clock::now();
+    run_paged();
+    benchmark::ClobberMemory();
+    auto const t1 = std::chrono::steady_clock::now();
+    run_contiguous();
+    benchmark::ClobberMemory();
+    auto const t2 = std::chrono::steady_clock::now();
+    paged_s += std::chrono::duration<double>(t1 - t0).count();
+    contiguous_s += std::chrono::duration<double>(t2 - t1).count();
+    state.SetIterationTime(std::chrono::duration<double>(t1 - t0).count());
+  }
+  state.counters["x_contiguous"] = contiguous_s > 0 ? paged_s / contiguous_s : 0.0;
+  state.counters["threads"] = threads;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -187,6 +236,14 @@ int main(int argc, char** argv) {
         ->UseManualTime()
         ->MinTime(0.5);
   }
+  for (int t : {1, 2})
+    for (bool scattered : {false, true})
+      benchmark::RegisterBenchmark(("paged/prefill_vs_contiguous/" + std::string(scattered ? "scattered" : "consecutive") +
+                                    "_pages/H8_D128_S2048_page16/threads:" + std::to_string(t)).c_str(),
+                                   [scattered, t](benchmark::State& s) { prefill_vs_contiguous(s, scattered, t); })
+          ->Unit(benchmark::kMillisecond)
+          ->UseManualTime()
+          ->MinTime(0.5);
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

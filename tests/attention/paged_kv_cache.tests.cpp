@@ -12,11 +12,13 @@
 #include <posenc/encoding/shaw.hpp>
 #include <posenc/encoding/t5_bias.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <limits>
 #include <new>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "support/catch.hpp"
@@ -147,9 +149,11 @@ std::vector<std::pair<std::string, posenc::attention_options<T>>> option_sets() 
 // that their pages are not consecutive, then sequence 3 forked from 0 and both
 // continued differently; each step checks paged attention (one entry per
 // sequence, Sq queries each) against a contiguous kv_cache per sequence.
+// `prefill` > 0: each step appends and queries prefill + step tokens per
+// sequence (a prefill chunk over the pages: the lane kernel) instead of 1 or 3.
 template <class T, class Path, class E>
 void check_against_contiguous(E const& enc, index_t page, posenc::attention_options<T> const& opt,
-                              std::string const& what) {
+                              std::string const& what, index_t prefill = 0) {
   std::vector<index_t> const lens = {150, 37, 260, 0};
   std::vector<index_t> const firsts = {0, 9, 0, 0};
   posenc::paged_kv_cache<T> cache(2000 / page + 40, page, Hkv, D);
@@ -157,7 +161,7 @@ void check_against_contiguous(E const& enc, index_t page, posenc::attention_opti
   std::vector<posenc::kv_cache<T>> ref;
   std::vector<index_t> ids, done(4, 0);
   for (index_t s = 0; s < 3; ++s) {
-    tok.emplace_back(lens[static_cast<std::size_t>(s)] + 40, 100 + 10 * s);
+    tok.emplace_back(lens[static_cast<std::size_t>(s)] + 40 + 4 * prefill + 8, 100 + 10 * s);
     ref.emplace_back(1, Hkv, D, 0, firsts[static_cast<std::size_t>(s)]);
     ids.push_back(cache.add_sequence(firsts[static_cast<std::size_t>(s)]));
   }
@@ -176,7 +180,7 @@ void check_against_contiguous(E const& enc, index_t page, posenc::attention_opti
   }
   // Sequence 3: a fork of sequence 0, continued with other tokens.
   ids.push_back(cache.fork(ids[0]));
-  tok.emplace_back(lens[0] + 40, 900);
+  tok.emplace_back(lens[0] + 40 + 4 * prefill + 8, 900);
   tok[3].k = tok[0].k;
   tok[3].v = tok[0].v;
   for (std::size_t i = static_cast<std::size_t>(lens[0] * Hkv * D); i < tok[3].k.size(); ++i) {
@@ -187,7 +191,7 @@ void check_against_contiguous(E const& enc, index_t page, posenc::attention_opti
   done[3] = done[0];
   posenc::paged_attention_workspace<T> ws;
   for (index_t step = 0; step < 4; ++step) {
-    index_t const sq = step == 2 ? 3 : 1;  // a speculative step of 3 tokens
+    index_t const sq = prefill > 0 ? prefill + step : step == 2 ? 3 : 1;  // a speculative step of 3 tokens
     std::vector<T> q(static_cast<std::size_t>(4 * sq * Hq * D)), want(q.size(), T(7)), got(q.size(), T(-7));
     std::vector<T> lse_want(static_cast<std::size_t>(4 * Hq * sq)), lse_got(lse_want.size());
     std::vector<index_t> order = {ids[2], ids[0], ids[3], ids[1]};  // entries in any order
@@ -230,6 +234,52 @@ TEMPLATE_TEST_CASE("paged attention equals the contiguous cache: every encoder, 
       });
     }
   }
+}
+
+TEMPLATE_TEST_CASE("paged prefill (lane kernel over the pages) equals the contiguous cache: every encoder and option",
+                   "[paged]", float, double) {
+  using T = TestType;
+  // 16-token pages with 70 .. 73 queries (tiles that start inside a run of
+  // pages); 100-token pages and, in float, 1-token pages (every page its own
+  // run) with 37 .. 40 queries (a partial lane block).
+  for (index_t page : {16, 100, 1}) {
+    if (page == 1 && !std::is_same<T, float>::value) continue;
+    index_t const prefill = page == 16 ? 70 : 37;
+    for (auto const& [oname, opt] : option_sets<T>()) {
+      for_each_encoder<T>([&, oname = oname, opt = opt](std::string const& ename, auto const& enc) {
+        std::string const what = ename + ", " + oname + ", page " + std::to_string(page) + ", prefill " +
+                                 std::to_string(prefill) + ", fused";
+        check_against_contiguous<T, posenc::path::fused>(enc, page, opt, what, prefill);
+      });
+    }
+  }
+}
+
+TEST_CASE("paged prefill (lane kernel over the pages) with masks", "[paged]") {
+  // A per-query additive mask over 4 entries of 33 queries each: fused against the reference path.
+  index_t const n = 4, sq = 33, K = 300;
+  posenc::attention_options<float> opt;
+  opt.causal = true;
+  std::vector<float> mask(static_cast<std::size_t>(n * Hq * sq * K), 0.0f);
+  for (std::size_t i = 0; i < mask.size(); i += 7) mask[i] = -std::numeric_limits<float>::infinity();
+  for (std::size_t i = 3; i < mask.size(); i += 11) mask[i] = -0.5f;
+  opt.mask = posenc::make_mask<float>(mask.data(), n, Hq, sq, K);
+  posenc::alibi<float> const enc(posenc::alibi_form::paper, Hq);
+  posenc::paged_kv_cache<float> cache(64, 16, Hkv, D);
+  tokens<float> t(200, 5);
+  std::vector<index_t> ids;
+  for (index_t s = 0; s < n; ++s) {
+    ids.push_back(cache.add_sequence(3 * s));
+    cache.append(ids.back(), tokens<float>::part(t.k, 0, 50 + 40 * s, Hkv), tokens<float>::part(t.v, 0, 50 + 40 * s, Hkv),
+                 enc);
+  }
+  std::vector<float> q = random_vector<float>(static_cast<std::size_t>(n * sq * Hq * D), 78);
+  std::vector<float> want(q.size(), 7.0f), got(q.size(), -7.0f);
+  posenc::attention<posenc::path::reference>(posenc::make_bshd<const float>(q.data(), n, sq, Hq, D), cache, ids,
+                                             posenc::make_bshd(want.data(), n, sq, Hq, D), enc, opt);
+  posenc::attention<posenc::path::fused>(posenc::make_bshd<const float>(q.data(), n, sq, Hq, D), cache, ids,
+                                         posenc::make_bshd(got.data(), n, sq, Hq, D), enc, opt);
+  CHECK(max_diff(want, got) < 2e-5);
 }
 
 TEST_CASE("paged attention equals the contiguous cache with masks", "[paged]") {
@@ -341,8 +391,12 @@ TEST_CASE("paged_kv_cache: a fork shares pages; appends never change another seq
 // One batched decode step over 16 sequences of lengths 40 .. 640 after a first
 // step has grown the workspace: `counted_append` counts the appends too (an
 // encoder that rotates allocates inside its own rotate, which is its business).
+// `reorder`: the counted steps take the sequences in reverse order, as a server
+// whose batch changes does, so that each workspace entry meets a sequence
+// 16 times longer than the one it was sized for.
 template <class E>
-long long decode_step_allocations(E const& enc, index_t first, int threads, bool counted_append) {
+long long decode_step_allocations(E const& enc, index_t first, int threads, bool counted_append,
+                                  bool reorder = false) {
   posenc::paged_kv_cache<float> cache(1024, 16, Hkv, D);
   tokens<float> t(700, 11);
   std::vector<index_t> ids;
@@ -359,6 +413,7 @@ long long decode_step_allocations(E const& enc, index_t first, int threads, bool
   posenc::paged_attention_workspace<float> ws;
   auto step = [&] {
     // one new token per sequence (no page boundary is crossed), then the attention of the step
+    if (reorder) std::reverse(ids.begin(), ids.end());
     g_counting = counted_append;
     cache.append(ids, posenc::make_bshd<const float>(kn.data(), 16, 1, Hkv, D),
                  posenc::make_bshd<const float>(kn.data(), 16, 1, Hkv, D), enc);
@@ -385,5 +440,12 @@ TEST_CASE("paged attention: a decode step allocates nothing once pages exist", "
     CHECK(decode_step_allocations(alibi, 5, threads, true) == 0);
     CHECK(decode_step_allocations(rope, 0, threads, false) == 0);
     CHECK(decode_step_allocations(rope, 7, threads, false) == 0);
+    // every first position, whatever sequence each entry held before
+    for (index_t first : {0, 1, 5, 1000}) {
+      INFO("first position " << first << ", entries reordered");
+      CHECK(decode_step_allocations(posenc::none{}, first, threads, true, true) == 0);
+      CHECK(decode_step_allocations(alibi, first, threads, true, true) == 0);
+      CHECK(decode_step_allocations(rope, first, threads, false, true) == 0);
+    }
   }
 }

@@ -131,9 +131,17 @@ void plan_chunks(fused::paged_work<T>& w, paged_kv_cache<T> const& cache, span<c
 
 /// The plan of entry b (batch 1, the sequence's keys at their global indices
 /// 0 .. L - 1 and positions first + j), from validated options.
+///
+/// `relative`: the encoder sees positions only through p_i - p_j (queries
+/// are rotated from their own ids, not from the plan). Then, when every query
+/// sits at or after the first key (always so for the default positions of a
+/// decode step), every position is shifted down by `first`: the keys sit at
+/// their indices, nothing is listed per key, and a warm plan allocates
+/// nothing whatever the sequence's length and first position. Otherwise the
+/// key positions are listed (growing by doubling).
 template <class T>
 void fill_paged_plan(attention_plan<T>& p, view<const T> q, paged_kv_cache<T> const& cache, index_t id,
-                     attention_options<T> const& o) {
+                     attention_options<T> const& o, bool relative) {
   index_t const L = cache.length(id), first = cache.first_position(id);
   p.batch = 1;
   p.q_len = q.seq;
@@ -151,9 +159,15 @@ void fill_paged_plan(attention_plan<T>& p, view<const T> q, paged_kv_cache<T> co
   fit_vector(p.k_valid, 1);
   p.k_valid[0] = L;
   fit_vector(p.q_pos, q.seq);
-  for (index_t i = 0; i < q.seq; ++i) p.q_pos[static_cast<std::size_t>(i)] = o.q_positions->at(0, i);
-  p.keys_are_indices = first == 0;
-  if (first == 0) {
+  bool shift = relative;
+  for (index_t i = 0; i < q.seq; ++i) {
+    p.q_pos[static_cast<std::size_t>(i)] = o.q_positions->at(0, i);
+    shift = shift && p.q_pos[static_cast<std::size_t>(i)] >= first;
+  }
+  p.keys_are_indices = first == 0 || shift;
+  if (p.keys_are_indices) {
+    if (first > 0)
+      for (index_t i = 0; i < q.seq; ++i) p.q_pos[static_cast<std::size_t>(i)] -= first;
     p.k_pos.clear();
   } else {
     fit_vector(p.k_pos, L);
@@ -199,6 +213,9 @@ void fill_paged_plan(attention_plan<T>& p, view<const T> q, paged_kv_cache<T> co
 /// runs of pages with consecutive ids, each a strided view, tile by tile with
 /// the row kernel; the chunks of an entry are merged by log-sum-exp. Work is
 /// parallel over (entry, chunk), and (kv head, row group) with Shaw terms.
+/// A prefill (Sq x group at least the lane kernel's minimum rows, no Shaw
+/// terms) runs the lane kernel's steps over each entry's runs of pages
+/// instead, parallel over (entry, kv head, query blocks).
 /// path::reference and path::materialized gather each sequence (the oracle).
 ///
 /// @param q   (entries, Sq, Hq, D), D = cache.head_dim(), Hq a multiple of cache.kv_heads()
@@ -331,11 +348,20 @@ void attention(view<const detail::identity_t<T>> q, paged_kv_cache<T> const& cac
       index_t const id = seq_ids[b];
       attention_options<T> const ob = detail::paged_entry_options(opt, b, cache.first_position(id), cache.length(id),
                                                                   work.q_ids.data(), Sq, q.heads, stored_rotated);
-      detail::fill_paged_plan(work.plans[static_cast<std::size_t>(b)], detail::entry_of(q, b), cache, id, ob);
+      detail::fill_paged_plan(work.plans[static_cast<std::size_t>(b)], detail::entry_of(q, b), cache, id, ob,
+                              encoder_traits<E>::is_relative);
       total += cache.length(id);
     }
-    // Chunks: one per entry with one thread; with more, pieces so that every thread gets work.
     using Tr = detail::fused_default_traits<T>;
+    // Prefill (rows enough for lanes, no relative key or value terms): the lane
+    // kernel over one chunk per entry, parallel over (entry, kv head, query blocks).
+    if (!encoder_traits<E>::relative_key_value &&
+        Sq * work.plans[0].group >= Tr::lane_kernel_min_rows_v) {
+      detail::plan_chunks(work, cache, seq_ids, position_limit);
+      detail::fused::run_paged_lanes(work, n, qk, out, enc, rots, pool_k.seq_stride, pool_v.seq_stride, opt.threads);
+      return;
+    }
+    // Chunks: one per entry with one thread; with more, pieces so that every thread gets work.
     int const threads = loop_threads(opt.threads);
     index_t max_len = position_limit;
     if (threads > 1) {

@@ -13,13 +13,19 @@
 // causal alignment, windows, masks and relative encoders see every key where
 // it sits. All buffers live in a workspace reused across calls: once it has
 // grown, a call allocates nothing.
+//
+// Prefill over the pages (many query rows per kv head) runs the lane kernel's
+// steps instead (run_paged_lanes): an item's query blocks are set up once,
+// then walk the entry's page runs, each in tiles laid from the run's first
+// key so that no tile reaches past the run.
 // May include: the fused/ rooms above it, attention/plan.hpp, core/.
 
 #include <algorithm>
-#include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "posenc/attention/fused/decode.hpp"
+#include "posenc/attention/fused/lane_kernel.hpp"
 #include "posenc/attention/fused/row_kernel.hpp"
 #include "posenc/attention/fused/scratch.hpp"
 #include "posenc/attention/fused/traits.hpp"
@@ -63,15 +69,13 @@ struct paged_work {
   }
 };
 
-/// A view of one chunk whose key index j (j0 <= j < j1) lands on the chunk's
-/// key j - j0: the kernels index keys by the entry's global key index. The
-/// base address is formed as an integer so that no pointer before the page
-/// run is formed; only keys of the chunk are ever addressed.
+/// A view of one run whose key index j (j0 <= j < j1) lands on the run's
+/// key j - j0: the kernels index keys by the entry's global key index, so the
+/// view's base is the run's key j0 moved back by j0 tokens. Only keys j0 ..
+/// j1 - 1 of the view are ever addressed.
 template <class T>
 view<const T> chunk_view(T const* at_j0, index_t j0, index_t j1, index_t heads, index_t dim, index_t token_stride) noexcept {
-  auto const addr = reinterpret_cast<std::uintptr_t>(at_j0) -
-                    static_cast<std::uintptr_t>(j0) * static_cast<std::uintptr_t>(token_stride) * sizeof(T);
-  return {reinterpret_cast<T const*>(addr), 1, j1, heads, dim, j1 * token_stride, token_stride, dim, 1};
+  return {at_j0 - j0 * token_stride, 1, j1, heads, dim, j1 * token_stride, token_stride, dim, 1};
 }
 
 /// Row groups [u0, u1) (unit u: kv head u / groups, group u % groups) of the
@@ -111,6 +115,101 @@ void paged_item(attention_plan<T> const& p, view<const T> q, paged_run<T> const*
       }
     }
   }
+}
+
+/// Every tile of blocks [0, nb) over one page run, the keys [span.first,
+/// span.last) of the run starting at key `j0` (c.k and c.v view that run):
+/// the steps of lane_item_tiles, with the tiles laid from j0 so that none
+/// reaches outside the run. Keys arrive rotated (cached rotated).
+template <class Tr, bool Guard, class E>
+void paged_lane_tiles(lane_item_context<Tr, E> const& c, lane_scratch<Tr> const& sc, block_keys<Tr> const* keys,
+                      index_t nb, key_range span, index_t j0) noexcept {
+  using T = typename Tr::value_type;
+  constexpr index_t bq_v = Tr::block_q_v, bk_v = Tr::block_kv_v;
+  attention_plan<T> const& p = c.p;
+  lane_logits<Tr> logit{static_cast<T>(p.scale), static_cast<T>(p.softcap),
+                        p.softcap > 0 ? T(1) / static_cast<T>(p.softcap) : T(0), {}, 0, sc.bt, sc.diag, sc.rlo, sc.rhi};
+  index_t const t_begin = span.first >= span.last ? span.last : j0 + (span.first - j0) / bk_v * bk_v;
+  for (index_t t0 = t_begin; t0 < span.last; t0 += bk_v) {
+    index_t const nk = std::min(bk_v, span.last - t0);
+    T const* const kt = c.k.ptr(0, t0, c.hk);
+    T const* const vt = c.v.ptr(0, t0, c.hk);
+    bool const diagonal_ready = c.diagonal_bias && keys_consecutive(p, 0, t0, nk);
+    int v_finite = -1;  // V of the tile all finite: tested once, for every block that uses the tile
+    for (index_t t = 0; t < nb; ++t) {
+      tile_plan const tp = plan_tile(keys[t], t0, nk, c.per_key_terms, diagonal_ready);
+      if (tp.kind == tile_kind::skipped) continue;
+      auto const& bb = sc.blocks[t];
+      index_t const nvec = lane_vectors<Tr>(keys[t].rows);
+      lane_tile_scores<Tr>(kt, c.k.seq_stride, tp.keys, p.head_dim, bb.qt, nvec, sc.st);
+      lane_tile_terms(c, sc, keys[t], tp, t0, nk, nvec);
+      logit.tp = tp;
+      logit.nk = nk;
+      lane_softmax_update<Tr>(sc.st, bq_v, tp.keys, nvec, bb.m, bb.l, bb.alpha, logit);
+      if (Guard && v_finite < 0) v_finite = rows_finite<Tr>(vt, c.v.seq_stride, nk, p.value_dim) ? 1 : 0;
+      lane_tile_values<Tr>(vt, c.v.seq_stride, tp.keys, p.value_dim, sc.st, nvec, bb.alpha, bb.ot, v_finite == 0);
+    }
+  }
+}
+
+/// The lane kernel over the pages: items (entry, kv head, up to
+/// blocks_per_item_v query blocks), each walking every run of its entry's one
+/// chunk (`w` planned with one chunk per entry); writes out (entries, Sq, Hq,
+/// Dv) and the lse of each plan. Arguments as run_paged. The encoder has no
+/// relative key or value terms (Shaw runs the row kernel).
+template <class T, class E>
+void run_paged_lanes(paged_work<T>& w, index_t entries, view<const T> q, view<T> out, E const& enc,
+                     rotation_ids const* rots, index_t kstride, index_t vstride, int threads_requested) {
+  using Tr = fused_default_traits<T>;
+  constexpr index_t bq_v = Tr::block_q_v;
+  if (entries <= 0) return;
+  attention_plan<T> const& p0 = w.plans[0];
+  index_t const kv_heads = p0.kv_heads, rows = p0.q_len * p0.group;
+  int const threads = loop_threads(threads_requested);
+  index_t const per_thread = scratch_elements<lane_scratch<Tr>>(p0.head_dim, p0.value_dim);
+  paged_work<T>::fit(w.scratch, per_thread * threads);
+  index_t const nblocks = (rows + bq_v - 1) / bq_v;
+  // Fewer blocks per item when that is what keeps every thread busy.
+  index_t per_item = Tr::blocks_per_item_v;
+  while (per_item > 1 && entries * kv_heads * ((nblocks + per_item - 1) / per_item) < 4 * threads) per_item /= 2;
+  index_t const items_per_head = (nblocks + per_item - 1) / per_item;
+  bool const has_bias = encoder_traits<E>::biases_scores;
+  parallel_for(entries * kv_heads * items_per_head, threads, [&](index_t it) {
+    index_t const bh = it / items_per_head, b = bh / kv_heads, hk = bh % kv_heads;
+    index_t const blk0 = it % items_per_head * per_item, nb = std::min(nblocks, blk0 + per_item) - blk0;
+    attention_plan<T> const& p = w.plans[static_cast<std::size_t>(b)];
+    paged_chunk const& ch = w.chunks[static_cast<std::size_t>(w.first_chunk[static_cast<std::size_t>(b)])];
+    int const tid = std::min(thread_index(), threads - 1);
+    auto const sc = carve_scratch<lane_scratch<Tr>>(w.scratch.data() + tid * per_thread, per_thread, p.head_dim,
+                                                    p.value_dim);
+    view<const T> qb = q;
+    qb.data += b * q.batch_stride;
+    qb.batch = 1;
+    view<T> ob = out;
+    ob.data += b * out.batch_stride;
+    ob.batch = 1;
+    rotation_ids const* const rot = rots ? rots + b : nullptr;
+    bool const per_key = has_bias || p.has_masks();
+    bool const diagonal = has_bias && !p.has_masks() && bias_shift_invariant(enc);
+    lane_item_context<Tr, E> const c{p, qb, qb, qb, ob, enc, rot, 0, hk, per_key, diagonal};
+    block_keys<Tr> keys[Tr::blocks_per_item_v];
+    // Setup, then every run of the entry; again with the guard when an output is not finite.
+    auto walk = [&](auto guard) {
+      key_range const span = lane_begin_blocks(c, sc, keys, blk0, nb);
+      for (index_t ri = ch.r0; ri < ch.r1; ++ri) {
+        paged_run<T> const& run = w.runs[static_cast<std::size_t>(ri)];
+        key_range const part{std::max(span.first, run.j0), std::min(span.last, run.j1), false};
+        if (part.empty()) continue;
+        view<const T> const k = chunk_view(run.k, run.j0, run.j1, p.kv_heads, p.head_dim, kstride);
+        view<const T> const v = chunk_view(run.v, run.j0, run.j1, p.kv_heads, p.value_dim, vstride);
+        lane_item_context<Tr, E> const cr{p, qb, k, v, ob, enc, rot, 0, hk, per_key, diagonal};
+        paged_lane_tiles<Tr, decltype(guard)::value>(cr, sc, keys, nb, part, run.j0);
+      }
+    };
+    walk(std::false_type{});
+    if (!lane_outputs_finite(sc, keys, nb, p.value_dim)) walk(std::true_type{});
+    lane_finish_blocks(c, sc, keys, nb);
+  });
 }
 
 /// Runs the row kernel over the chunks of `w` and writes out (entries, Sq,
