@@ -240,10 +240,11 @@ TEMPLATE_TEST_CASE("paged prefill (lane kernel over the pages) equals the contig
                    "[paged]", float, double) {
   using T = TestType;
   // 16-token pages with 70 .. 73 queries (tiles that start inside a run of
-  // pages); 100-token pages and, in float, 1-token pages (every page its own
-  // run) with 37 .. 40 queries (a partial lane block).
+  // pages); in float also 100-token pages and 1-token pages (every page its
+  // own run) with 37 .. 40 queries (a partial lane block). The page walk does
+  // not depend on the element type: double runs the 16-token case only.
   for (index_t page : {16, 100, 1}) {
-    if (page == 1 && !std::is_same<T, float>::value) continue;
+    if (page != 16 && !std::is_same<T, float>::value) continue;
     index_t const prefill = page == 16 ? 70 : 37;
     for (auto const& [oname, opt] : option_sets<T>()) {
       for_each_encoder<T>([&, oname = oname, opt = opt](std::string const& ename, auto const& enc) {
