@@ -241,7 +241,8 @@ TEST_CASE("multi_head_attention::gradients: two half batches added with += equal
   // the order of the sums over tokens: equal to 1e-12 relative.
   module_problem p(mha_config{6, 4, 2, 4, 2}, 4, 5, false, 190);
   using enc_t = compose<rope<double>, t5_bias<double>>;
-  enc_t const enc(rope<double>(rope_layout::interleaved, 4), t5_bias<double>(t5_bias_params{4, false, 8, 12}, 191u, 0.3));
+  enc_t const enc(rope<double>(rope_layout::interleaved, 4),
+                  t5_bias<double>(t5_bias_params{4, false, 8, 12}, 191u, 0.3));
   multi_head_attention<enc_t, double> layer(p.cfg, enc);
   p.load(layer);
   attention_options<double> opt;

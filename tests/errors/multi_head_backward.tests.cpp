@@ -122,7 +122,8 @@ TEST_CASE("multi_head_attention::gradients::operator+= rejects another layer's s
   char const* w = "posenc::multi_head_attention::gradients::operator+=: ";
   SECTION("a layer without grouped-query heads: w_k differs") {
     layer_t mha(mha_config{6, 4, 4, 3, 2}, t5_bias<double>(t5_bias_params{4, true, 8, 12}, 181u, 0.3));
-    REQUIRE_THROWS_WITH(g += mha.make_gradients(), std::string(w) + "other.w_k shape is (12, 6), expected (6, 6) (this one's)");
+    REQUIRE_THROWS_WITH(g += mha.make_gradients(),
+                        std::string(w) + "other.w_k shape is (12, 6), expected (6, 6) (this one's)");
     untouched();
   }
   SECTION("a bias of another size") {
