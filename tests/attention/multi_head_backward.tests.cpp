@@ -233,6 +233,67 @@ TEST_CASE("multi_head_attention::backward adds into the gradients and gives the 
   CHECK(dx1 == dx2);  // written, not added
 }
 
+TEST_CASE("multi_head_attention::gradients: two half batches added with += equal the whole batch's gradients",
+          "[module][backward]") {
+  // GQA, Dv != D, causal, RoPE composed with T5: every tensor of the struct and
+  // a composed encoder's gradients take part. Halves are separate sequences,
+  // so the whole batch's gradient is the sum of theirs; the two differ only in
+  // the order of the sums over tokens: equal to 1e-12 relative.
+  module_problem p(mha_config{6, 4, 2, 4, 2}, 4, 5, false, 190);
+  using enc_t = compose<rope<double>, t5_bias<double>>;
+  enc_t const enc(rope<double>(rope_layout::interleaved, 4),
+                  t5_bias<double>(t5_bias_params{4, false, 8, 12}, 191u, 0.3));
+  multi_head_attention<enc_t, double> layer(p.cfg, enc);
+  p.load(layer);
+  attention_options<double> opt;
+  opt.causal = true;
+  index_t const d = p.cfg.model_dim, half = p.B / 2;
+  auto tv = [&](double* data, index_t batch) { return make_bsd(data, batch, p.S, d); };
+  std::size_t const shift = static_cast<std::size_t>(half * p.S * d);
+  std::vector<double> y(p.x.size()), dx(p.x.size());
+  auto backward_of = [&](std::size_t first, index_t batch, decltype(layer.make_gradients())& g) {
+    typename multi_head_attention<enc_t, double>::saved s;
+    layer.forward(tv(p.x.data() + first, batch), tv(y.data() + first, batch), opt, s);
+    layer.backward(tv(p.x.data() + first, batch), tv(p.r.data() + first, batch), tv(dx.data() + first, batch), s, g,
+                   opt);
+  };
+  auto whole = layer.make_gradients(), first = layer.make_gradients(), second = layer.make_gradients();
+  backward_of(0, p.B, whole);
+  backward_of(0, half, first);
+  backward_of(shift, half, second);
+  auto sum = first;
+  auto& returned = (sum += second);
+  CHECK(&returned == &sum);
+  auto same = [](auto const& a, auto const& b, auto const& part) {
+    REQUIRE(a.size() == b.size());
+    double scale = 0;
+    for (Eigen::Index i = 0; i < b.size(); ++i) scale = std::max(scale, std::abs(b.data()[i]));
+    REQUIRE(scale > 0);
+    for (Eigen::Index i = 0; i < b.size(); ++i) {
+      INFO(part << " [" << i << "]: " << a.data()[i] << " vs " << b.data()[i]);
+      CHECK(std::abs(a.data()[i] - b.data()[i]) <= 1e-12 * scale);
+    }
+  };
+  same(sum.w_q, whole.w_q, "w_q");
+  same(sum.w_k, whole.w_k, "w_k");
+  same(sum.w_v, whole.w_v, "w_v");
+  same(sum.w_o, whole.w_o, "w_o");
+  same(sum.b_q, whole.b_q, "b_q");
+  same(sum.b_k, whole.b_k, "b_k");
+  same(sum.b_v, whole.b_v, "b_v");
+  same(sum.b_o, whole.b_o, "b_o");
+  same(sum.encoder.get<1>().table, whole.encoder.get<1>().table, "t5 table");
+  // Each half alone is far from the whole: the sum is not a copy of either.
+  CHECK((first.w_q - whole.w_q).cwiseAbs().maxCoeff() > 1e-3 * whole.w_q.cwiseAbs().maxCoeff());
+  CHECK((second.encoder.get<1>().table - whole.encoder.get<1>().table).cwiseAbs().maxCoeff() > 0);
+  // backward() into one struct gathers the same sums as += (the other way to accumulate).
+  auto gathered = layer.make_gradients();
+  backward_of(0, half, gathered);
+  backward_of(shift, half, gathered);
+  same(gathered.w_o, sum.w_o, "w_o gathered");
+  same(gathered.encoder.get<1>().table, sum.encoder.get<1>().table, "t5 table gathered");
+}
+
 TEST_CASE("multi_head_attention::backward: the example of docs/backward.md", "[module][backward][docs]") {
   index_t const batch = 2, seq = 6, heads = 4, model = 16;
   posenc::mha_config const cfg{model, heads};

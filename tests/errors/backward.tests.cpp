@@ -258,3 +258,50 @@ TEST_CASE("attention_backward: Transformer-XL gradients of the wrong shape, noth
     CHECK(std::all_of(dq.begin(), dq.end(), [](float x) { return x == 7.0f; }));
   }
 }
+
+TEST_CASE("encoder gradients: operator+= of another shape throws before adding anything", "[errors][backward]") {
+  SECTION("ALiBi: learnable slopes plus fixed ones") {
+    alibi<float> enc(alibi_form::paper, 2);
+    auto g = enc.make_gradients(true), fixed = enc.make_gradients();
+    g.slopes = {1.0f, 2.0f};
+    CHECK(posenc_test::error_of([&] { g += fixed; }) ==
+          "posenc::alibi::gradients::operator+=: other.slopes has 0 values, expected 2 (this one's)");
+    CHECK(g.slopes == std::vector<float>{1.0f, 2.0f});
+  }
+  SECTION("learned: a table of another size") {
+    auto g = learned<float>::random(4, 2, 1u, 1).make_gradients();
+    auto const other = learned<float>::random(5, 2, 1u, 1).make_gradients();
+    CHECK(posenc_test::error_of([&] { g += other; }) ==
+          "posenc::learned::gradients::operator+=: other.table has 10 values, expected 8 (this one's)");
+    CHECK(g.table.size() == 8u);
+  }
+  SECTION("T5, clipped, Shaw and Transformer-XL: tables of another shape") {
+    auto t5 = t5_bias<float>(t5_bias_params{2}, 1u).make_gradients();
+    CHECK(posenc_test::error_of([&] { t5 += t5_bias<float>(t5_bias_params{3}, 1u).make_gradients(); }) ==
+          "posenc::t5_bias::gradients::operator+=: other.table shape is (32, 3), expected (32, 2) (this one's)");
+    auto cb = clipped_bias<float>(2, 2, 1u).make_gradients();
+    CHECK(posenc_test::error_of([&] { cb += clipped_bias<float>(3, 2, 1u).make_gradients(); }) ==
+          "posenc::clipped_bias::gradients::operator+=: other.table shape is (7, 2), expected (5, 2) (this one's)");
+    auto sh = shaw<float>(1, 4, shaw_terms::keys_and_values, 3u).make_gradients();
+    sh.key.setConstant(1.0f);
+    auto const keys_only = shaw<float>(1, 4, shaw_terms::keys, 3u).make_gradients();
+    CHECK(posenc_test::error_of([&] { sh += keys_only; }) ==
+          "posenc::shaw::gradients::operator+=: other.value shape is (0, 0), expected (3, 4) (this one's)");
+    CHECK(sh.key.minCoeff() == 1.0f);  // the key table, whose shape matched, is not added either
+    auto xl = posenc_test::random_transformer_xl<float>(2, 4, 6, 8, 3).make_gradients();
+    auto const short_xl = posenc_test::random_transformer_xl<float>(2, 4, 6, 2, 3).make_gradients();
+    CHECK(posenc_test::error_of([&] { xl += short_xl; }) ==
+          "posenc::transformer_xl::gradients::operator+=: other.r shape is (10, 4), expected (34, 4) (this one's)");
+  }
+  SECTION("compose: the second part differs, the first is not added") {
+    using both = compose<clipped_bias<float>, t5_bias<float>>;
+    auto g = both(clipped_bias<float>(2, 2, 1u), t5_bias<float>(t5_bias_params{2}, 1u)).make_gradients();
+    auto const other =
+        both(clipped_bias<float>(2, 2, 1u), t5_bias<float>(t5_bias_params{2, true, 16}, 1u)).make_gradients();
+    g.get<0>().table.setConstant(1.0f);
+    CHECK(posenc_test::error_of([&] { g += other; }) ==
+          "posenc::compose::gradients::operator+=: other.table shape is (16, 2), expected (32, 2) (this one's)");
+    CHECK(g.get<0>().table.minCoeff() == 1.0f);
+    CHECK(g.get<0>().table.maxCoeff() == 1.0f);
+  }
+}

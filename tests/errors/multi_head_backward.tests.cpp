@@ -103,3 +103,39 @@ TEST_CASE("multi_head_attention::backward rejects bad input before writing anyth
   untouched();
 }
 
+
+TEST_CASE("multi_head_attention::gradients::operator+= rejects another layer's shapes before adding anything",
+          "[module][backward][errors]") {
+  module_problem p;
+  using layer_t = multi_head_attention<t5_bias<double>, double>;
+  layer_t layer(p.cfg, t5_bias<double>(t5_bias_params{4, true, 8, 12}, 181u, 0.3));
+  auto g = layer.make_gradients();
+  g.w_q.setConstant(1.0);
+  g.b_k.setConstant(2.0);
+  g.encoder.table.setConstant(3.0);
+  auto const g0 = g;
+  auto untouched = [&] {
+    CHECK(flat(g.w_q) == flat(g0.w_q));
+    CHECK(flat(g.b_k) == flat(g0.b_k));
+    CHECK(flat(g.encoder.table) == flat(g0.encoder.table));
+  };
+  char const* w = "posenc::multi_head_attention::gradients::operator+=: ";
+  SECTION("a layer without grouped-query heads: w_k differs") {
+    layer_t mha(mha_config{6, 4, 4, 3, 2}, t5_bias<double>(t5_bias_params{4, true, 8, 12}, 181u, 0.3));
+    REQUIRE_THROWS_WITH(g += mha.make_gradients(),
+                        std::string(w) + "other.w_k shape is (12, 6), expected (6, 6) (this one's)");
+    untouched();
+  }
+  SECTION("a bias of another size") {
+    auto other = layer.make_gradients();
+    other.b_o.resize(5);
+    REQUIRE_THROWS_WITH(g += other, std::string(w) + "other.b_o has 5 values, expected 6 (this one's)");
+    untouched();
+  }
+  SECTION("the encoder's: a T5 table of other buckets, after every weight matched") {
+    layer_t other_layer(p.cfg, t5_bias<double>(t5_bias_params{4, true, 16, 12}, 181u, 0.3));
+    REQUIRE_THROWS_WITH(g += other_layer.make_gradients(),
+                        std::string(w) + "other.table shape is (16, 4), expected (8, 4) (this one's)");
+    untouched();
+  }
+}

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -195,6 +196,40 @@ class multi_head_attention {
       for (matrix* m : {&w_q, &w_k, &w_v, &w_o}) m->setZero();
       for (vector* b : {&b_q, &b_k, &b_v, &b_o}) b->setZero();
       encoder.set_zero();
+    }
+    /// Throws posenc::error unless every tensor of o (the encoder's included)
+    /// has the shape of this one's.
+    void check_same_shape(char const* where, gradients const& o) const {
+      char const* const wn[4] = {"w_q", "w_k", "w_v", "w_o"};
+      char const* const bn[4] = {"b_q", "b_k", "b_v", "b_o"};
+      for (int i = 0; i < 4; ++i) {
+        detail::check_same_gradient_shape(where, wn[i], *weights(*this)[i], *weights(o)[i]);
+        detail::check_same_gradient_shape(where, bn[i], *biases(*this)[i], *biases(o)[i]);
+      }
+      detail::check_same_encoder_gradients(where, encoder, o.encoder);
+    }
+    /// Adds o elementwise, e.g. the gradients of another micro-batch or of
+    /// another worker's share of the batch. Throws posenc::error, before
+    /// anything is added, when a shape differs (a layer of another config).
+    gradients& operator+=(gradients const& o) {
+      check_same_shape("posenc::multi_head_attention::gradients::operator+=", o);
+      for (int i = 0; i < 4; ++i) {
+        *weights(*this)[i] += *weights(o)[i];
+        *biases(*this)[i] += *biases(o)[i];
+      }
+      encoder += o.encoder;
+      return *this;
+    }
+
+   private:
+    // The weights and biases in q, k, v, o order.
+    template <class G>
+    static auto weights(G& g) {
+      return std::array<decltype(&g.w_q), 4>{&g.w_q, &g.w_k, &g.w_v, &g.w_o};
+    }
+    template <class G>
+    static auto biases(G& g) {
+      return std::array<decltype(&g.b_q), 4>{&g.b_q, &g.b_k, &g.b_v, &g.b_o};
     }
   };
 

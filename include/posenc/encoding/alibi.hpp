@@ -227,8 +227,14 @@ class alibi {
   struct gradients {
     std::vector<T> slopes;
     void set_zero() { std::fill(slopes.begin(), slopes.end(), T(0)); }
+    /// Throws unless o has as many slopes (both empty when the slopes are fixed).
+    void check_same_shape(char const* where, gradients const& o) const {
+      detail::check_same_gradient_shape(where, "slopes", slopes, o.slopes);
+    }
+    /// Adds o elementwise (throws first when the counts differ).
     gradients& operator+=(gradients const& o) {
-      for (std::size_t h = 0; h < slopes.size() && h < o.slopes.size(); ++h) slopes[h] += o.slopes[h];
+      check_same_shape("posenc::alibi::gradients::operator+=", o);
+      for (std::size_t h = 0; h < slopes.size(); ++h) slopes[h] += o.slopes[h];
       return *this;
     }
   };

@@ -143,12 +143,22 @@ class compose {
     void set_zero() {
       std::apply([](auto&... g) { (g.set_zero(), ...); }, parts);
     }
+    /// Throws unless every part of o has the shapes of this one's.
+    void check_same_shape(char const* where, gradients const& o) const {
+      check_parts(where, o, std::index_sequence_for<E...>{});
+    }
+    /// Adds o part by part (throws first, before any part is added, when a shape differs).
     gradients& operator+=(gradients const& o) {
+      check_same_shape("posenc::compose::gradients::operator+=", o);
       add(o, std::index_sequence_for<E...>{});
       return *this;
     }
 
    private:
+    template <std::size_t... I>
+    void check_parts(char const* where, gradients const& o, std::index_sequence<I...>) const {
+      (detail::check_same_encoder_gradients(where, std::get<I>(parts), std::get<I>(o.parts)), ...);
+    }
     template <std::size_t... I>
     void add(gradients const& o, std::index_sequence<I...>) {
       ((std::get<I>(parts) += std::get<I>(o.parts)), ...);

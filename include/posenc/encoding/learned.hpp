@@ -183,8 +183,14 @@ class learned {
   struct gradients {
     std::vector<T> table;
     void set_zero() { std::fill(table.begin(), table.end(), T(0)); }
+    /// Throws unless o.table has as many values.
+    void check_same_shape(char const* where, gradients const& o) const {
+      detail::check_same_gradient_shape(where, "table", table, o.table);
+    }
+    /// Adds o elementwise (throws first when the sizes differ).
     gradients& operator+=(gradients const& o) {
-      for (std::size_t i = 0; i < table.size() && i < o.table.size(); ++i) table[i] += o.table[i];
+      check_same_shape("posenc::learned::gradients::operator+=", o);
+      for (std::size_t i = 0; i < table.size(); ++i) table[i] += o.table[i];
       return *this;
     }
   };

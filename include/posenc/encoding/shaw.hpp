@@ -179,7 +179,14 @@ class shaw {
       key.setZero();
       value.setZero();
     }
+    /// Throws unless o's tables have these tables' shapes.
+    void check_same_shape(char const* where, gradients const& o) const {
+      detail::check_same_gradient_shape(where, "key", key, o.key);
+      detail::check_same_gradient_shape(where, "value", value, o.value);
+    }
+    /// Adds o elementwise (throws first when the shapes differ).
     gradients& operator+=(gradients const& o) {
+      check_same_shape("posenc::shaw::gradients::operator+=", o);
       key += o.key;
       value += o.value;
       return *this;

@@ -147,7 +147,13 @@ class t5_bias {
   struct gradients {
     table_type table;
     void set_zero() { table.setZero(); }
+    /// Throws unless o.table has this table's shape.
+    void check_same_shape(char const* where, gradients const& o) const {
+      detail::check_same_gradient_shape(where, "table", table, o.table);
+    }
+    /// Adds o elementwise (throws first when the shapes differ).
     gradients& operator+=(gradients const& o) {
+      check_same_shape("posenc::t5_bias::gradients::operator+=", o);
       table += o.table;
       return *this;
     }

@@ -102,7 +102,10 @@ namespace posenc {
 /// (elementwise): a kernel that runs in parallel gives each task a zeroed copy
 /// of the caller's G and adds the copies into it in task order, so results do
 /// not depend on the thread count. Hooks add into g (never assign), so one G
-/// can gather the gradients of several calls.
+/// can gather the gradients of several calls. A G with tensors also has
+/// `void check_same_shape(char const* where, G const& other) const` (throws
+/// posenc::error naming the first tensor whose shape differs); its
+/// operator+= calls it before adding anything.
 template <class E>
 struct encoder_traits;
 
@@ -263,6 +266,43 @@ void check_encoder_gradients(char const* where, E const& enc, encoder_gradients_
     enc.check_gradients(where, g);
   else
     (void)where, (void)enc, (void)g;
+}
+
+template <class A, class = void>
+struct has_rows_cols : std::false_type {};
+template <class A>
+struct has_rows_cols<A, std::void_t<decltype(std::declval<A const&>().rows()), decltype(std::declval<A const&>().cols())>>
+    : std::true_type {};
+template <class A, class = void>
+struct is_eigen_vector : std::false_type {};
+template <class A>
+struct is_eigen_vector<A, std::enable_if_t<A::IsVectorAtCompileTime>> : std::true_type {};
+
+/// Throws unless `other` has the shape of `mine` (rows x cols for a matrix,
+/// the count for a vector), naming it `other.<name>`: operator+= of gradients.
+template <class A>
+void check_same_gradient_shape(char const* where, char const* name, A const& mine, A const& other) {
+  if constexpr (has_rows_cols<A>::value && !is_eigen_vector<A>::value)
+    require(other.rows() == mine.rows() && other.cols() == mine.cols(), where, "other.", name, " shape is (",
+            other.rows(), ", ", other.cols(), "), expected (", mine.rows(), ", ", mine.cols(), ") (this one's)");
+  else
+    require(other.size() == mine.size(), where, "other.", name, " has ", other.size(), " values, expected ",
+            mine.size(), " (this one's)");
+}
+
+template <class G, class = void>
+struct has_check_same_shape : std::false_type {};
+template <class G>
+struct has_check_same_shape<G, std::void_t<decltype(std::declval<G const&>().check_same_shape(
+                                   std::declval<char const*>(), std::declval<G const&>()))>> : std::true_type {};
+
+/// mine.check_same_shape(where, other) when G has it (gradients without tensors have nothing to check).
+template <class G>
+void check_same_encoder_gradients(char const* where, G const& mine, G const& other) {
+  if constexpr (has_check_same_shape<G>::value)
+    mine.check_same_shape(where, other);
+  else
+    (void)where, (void)mine, (void)other;
 }
 
 template <class E, class T, class = void>

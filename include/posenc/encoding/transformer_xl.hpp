@@ -152,7 +152,15 @@ class transformer_xl {
       v.setZero();
       r.setZero();
     }
+    /// Throws unless o's u, v and r have these shapes.
+    void check_same_shape(char const* where, gradients const& o) const {
+      detail::check_same_gradient_shape(where, "u", u, o.u);
+      detail::check_same_gradient_shape(where, "v", v, o.v);
+      detail::check_same_gradient_shape(where, "r", r, o.r);
+    }
+    /// Adds o elementwise (throws first when the shapes differ).
     gradients& operator+=(gradients const& o) {
+      check_same_shape("posenc::transformer_xl::gradients::operator+=", o);
       u += o.u;
       v += o.v;
       r += o.r;

@@ -14,7 +14,7 @@
 //      dO V^T (+ Shaw's value term), dS = P (dP - Delta), the encoder's bias and
 //      score hooks, the softcap derivative, then dV += P^T dO, dK += dS^T Q and
 //      the chunk's dQ partial += dS K (tile_products, the register tiles of
-//      fused/micro_kernels.hpp).
+//      backward/products.hpp).
 //   3. sum_dq_partials: dq = the partials of the chunks, summed in chunk order.
 //
 // No atomics: every output element has one writer; encoder gradients go into
@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "posenc/attention/backward/plan.hpp"
+#include "posenc/attention/backward/products.hpp"
 #include "posenc/attention/fused/micro_kernels.hpp"
 #include "posenc/attention/fused/traits.hpp"
 #include "posenc/attention/plan.hpp"
@@ -107,7 +108,10 @@ POSENC_ALWAYS_INLINE void lane_scores(typename Tr::value_type const* const* xr, 
     for (index_t d = 0; d < len; ++d) {
       T const* yd = yt + d * block_keys_v + c0;
       B y[fused::size_v<C>];
-      for (int c = 0; c < C; ++c) y[c] = simd::load<T, A>(yd + c * w_v);
+      for (int c = 0; c < C; ++c) {
+        y[c] = simd::load<T, A>(yd + c * w_v);
+        simd::keep_in_register(y[c]);  // one load for the NG FMAs, not one folded into each
+      }
       for (int g = 0; g < NG; ++g) {
         B const xv(xr[g][d]);
         for (int c = 0; c < C; ++c) acc[g][c] = simd::fma(xv, y[c], acc[g][c]);
@@ -267,8 +271,6 @@ void tile_products(backward_views<T> const& io, index_t b, index_t h, index_t hk
                    index_t j0, index_t nk, index_t D, index_t Dv, tile_scratch<T>& sc, T* dq_rows,
                    bool keys_finite, bool rows_finite, index_t off) noexcept {
   constexpr int NG = static_cast<int>(Tr::row_group_v);
-  T const ones[static_cast<std::size_t>(NG)] = {T(1), T(1), T(1), T(1)};
-  static_assert(NG == 4, "ones[] holds row_group_v values");
   T const* pt = sc.pt.data();
   T const* dst = sc.dst.data();
   // P^T and dS^T, keys by rows.
@@ -291,11 +293,11 @@ void tile_products(backward_views<T> const& io, index_t b, index_t h, index_t hk
     T* const dv = sc.dv.data() + (off + t0) * Dv;
     T* const dk = sc.dk.data() + (off + t0) * D;
     if (rows_finite) {
-      fused::row_values<Tr, G>(pr, ones, io.dout.ptr(b, i0, h), io.dout.seq_stride, nr, Dv, dv);
-      fused::row_values<Tr, G>(dr, ones, io.q.ptr(b, i0, h), io.q.seq_stride, nr, D, dk);
+      add_row_products<Tr, G>(pr, io.dout.ptr(b, i0, h), io.dout.seq_stride, nr, Dv, dv);
+      add_row_products<Tr, G>(dr, io.q.ptr(b, i0, h), io.q.seq_stride, nr, D, dk);
     } else {  // a row with NaN or Inf in q or dO that sees no key of the tile adds nothing
-      fused::row_values<Tr, G, true>(pr, ones, io.dout.ptr(b, i0, h), io.dout.seq_stride, nr, Dv, dv);
-      fused::row_values<Tr, G, true>(dr, ones, io.q.ptr(b, i0, h), io.q.seq_stride, nr, D, dk);
+      add_row_products<Tr, G, true>(pr, io.dout.ptr(b, i0, h), io.dout.seq_stride, nr, Dv, dv);
+      add_row_products<Tr, G, true>(dr, io.q.ptr(b, i0, h), io.q.seq_stride, nr, D, dk);
     }
   });
   T const* kt = io.k.ptr(b, j0, hk);
@@ -304,9 +306,9 @@ void tile_products(backward_views<T> const& io, index_t b, index_t h, index_t hk
     T const* dr[static_cast<std::size_t>(G)];
     for (int g = 0; g < G; ++g) dr[g] = sc.dp.data() + (r0 + g) * block_keys_v;
     if (keys_finite)
-      fused::row_values<Tr, G>(dr, ones, kt, io.k.seq_stride, nk, D, dq_rows + r0 * D);
+      add_row_products<Tr, G>(dr, kt, io.k.seq_stride, nk, D, dq_rows + r0 * D);
     else  // a key with NaN or Inf (masked) adds nothing where its dS is 0
-      fused::row_values<Tr, G, true>(dr, ones, kt, io.k.seq_stride, nk, D, dq_rows + r0 * D);
+      add_row_products<Tr, G, true>(dr, kt, io.k.seq_stride, nk, D, dq_rows + r0 * D);
   });
 }
 
