@@ -14,7 +14,10 @@
 # script's torch loop; the medians and the ratio lab / torch are printed as a markdown table.
 # --variant times other lab builds or options in the same sitting (before/after a change); in
 # EXTRA ARGS, {t} is the thread count, e.g. 'eigen|build/examples/lab/posenc_lab|--eigen-threads {t}'.
-# Needs Debian's python3-torch (not run by CI).
+# Needs Debian's python3-torch (not run by CI). Debian's torch calls the system libblas.so.3
+# (the reference BLAS unless an optimized one is installed); with an OpenBLAS unpacked from
+# Debian's libopenblas0-openmp, LD_LIBRARY_PATH=<dir of its libblas.so.3> gives torch that one
+# (its OpenMP threads follow torch.set_num_threads). The script prints the one loaded.
 import argparse
 import json
 import math
@@ -25,6 +28,12 @@ import time
 
 import torch
 import torch.nn.functional as F
+
+
+def blas_in_use():
+    """The BLAS library this process loaded (Debian's torch calls libblas.so.3 for its products)."""
+    libs = {line.split()[-1] for line in open("/proc/self/maps") if "blas" in line.split()[-1]}
+    return ", ".join(sorted(libs)) or "none"
 
 
 def lab_lines(cmd):
@@ -168,7 +177,7 @@ def main():
     c, _ = lab_lines([a.lab, "config", "--encoding", a.encoding] + size)
     print("config:", json.dumps(c))
     data = torch.tensor(list(open(a.corpus, "rb").read()), dtype=torch.long)
-    print(f"torch {torch.__version__}; load now: {open('/proc/loadavg').read().split()[:3]}")
+    print(f"torch {torch.__version__}, BLAS {blas_in_use()}; load now: {open('/proc/loadavg').read().split()[:3]}")
     names = [v[0] for v in variants] + ["torch"]
     rates = {t: {n: [] for n in names} for t in a.threads}
     for rep in range(a.reps):
