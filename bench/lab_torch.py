@@ -176,6 +176,10 @@ def main():
     size = ["--quick"] if a.quick else []
     c, _ = lab_lines([a.lab, "config", "--encoding", a.encoding] + size)
     print("config:", json.dumps(c))
+    count = sum(p.numel() for p in LabModel(c).parameters())
+    if count != c["parameters"]:
+        sys.exit(f"lab_torch.py: the torch model has {count} parameters, the lab's {c['parameters']}")
+    print(f"parameters: {count} in both")
     data = torch.tensor(list(open(a.corpus, "rb").read()), dtype=torch.long)
     print(f"torch {torch.__version__}, BLAS {blas_in_use()}; load now: {open('/proc/loadavg').read().split()[:3]}")
     names = [v[0] for v in variants] + ["torch"]

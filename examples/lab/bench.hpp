@@ -24,7 +24,8 @@ struct bench_result {
 };
 
 /// Everything another framework needs to build the same model and training step, as one JSON
-/// object: shapes, the encoding and its constants, norm, activation, tying, optimizer, dtype.
+/// object: shapes, the encoding and its constants, norm, activation, tying, optimizer, dtype,
+/// and the parameter count (which the other model must match).
 inline std::string config_json(config const& c) {
   std::ostringstream o;
   o.precision(17);
@@ -46,7 +47,8 @@ inline std::string config_json(config const& c) {
     << q("loss") << ":" << q("mean_cross_entropy") << "," << q("optimizer") << ":" << q("adam") << "," << q("lr") << ":"
     << c.lr << "," << q("lr_warmup_steps") << ":" << c.warmup << "," << q("beta1") << ":" << c.beta1 << ","
     << q("beta2") << ":" << c.beta2 << "," << q("eps") << ":" << c.eps << "," << q("clip_global_norm") << ":" << c.clip
-    << "," << q("dtype") << ":" << q("float32") << "," << q("seed") << ":" << c.seed << "}";
+    << "," << q("dtype") << ":" << q("float32") << "," << q("seed") << ":" << c.seed << "," << q("parameters") << ":"
+    << model<float>(c).params().size() << "}";
   return o.str();
 }
 

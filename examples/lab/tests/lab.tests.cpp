@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -285,11 +286,12 @@ TEST_CASE("lab: the bench configuration line carries the configuration the PyTor
   c.split = c.layers;
   std::string j = lab::config_json(c);
   INFO(j);
-  for (std::string field : {"\"vocab\":256", "\"layers\":3", "\"d_model\":48", "\"heads\":3", "\"head_dim\":16",
+  std::string const parameters = "\"parameters\":" + std::to_string(lab::model<float>(c).params().size()) + "}";
+  for (std::string field : std::initializer_list<std::string>{"\"vocab\":256", "\"layers\":3", "\"d_model\":48", "\"heads\":3", "\"head_dim\":16",
                             "\"mlp_hidden\":96", "\"seq\":40", "\"batch\":5", "\"encoding\":\"alibi\"",
                             "\"attention_scale\":0.25", "\"lr_warmup_steps\":7", "\"norm\":\"pre\"", "\"gelu\":\"tanh\"",
                             "\"tied_output\":true", "\"dtype\":\"float32\"", "\"clip_global_norm\":1",
-                            "\"beta1\":0.9", "\"beta2\":0.9", "\"eps\":1e-08", "\"ln_eps\":1", "\"rope_base\":10000"}) {
+                            "\"beta1\":0.9", "\"beta2\":0.9", "\"eps\":1e-08", "\"ln_eps\":1", "\"rope_base\":10000", parameters}) {
     CHECK(j.find(field) != std::string::npos);
   }
   // the paper's slopes of 3 heads, in head order
