@@ -10,6 +10,7 @@
 #include <posenc/posenc.hpp>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <sstream>
 #include <string>
