@@ -2,6 +2,7 @@
 // The three experiments of the lab: comparison table, controls, pictures (see docs/experiments.md).
 #include "experiments.hpp"
 
+#include "bench.hpp"
 #include "checkpoint.hpp"
 #include "report.hpp"
 #include "train.hpp"
@@ -165,6 +166,16 @@ void run_compare(experiment_options const& o) {
   write_text(o.out + "/compare.md", md);
   std::printf("\n%s", md.c_str());
   write_plot(o.out + "/compare_ppl.png", curves, {"VALIDATION PERPLEXITY BY EVALUATION LENGTH", "X: LENGTH (LOG)  Y: PERPLEXITY", 520, 300, true});
+}
+
+// ---- training throughput -----------------------------------------------------------------------
+void run_bench(experiment_options const& o, std::string const& encoding, int warmup, int steps) {
+  config c = with_encoding(sized(o), encoding);
+  std::printf("lab-config %s\n", config_json(c).c_str());
+  std::fflush(stdout);
+  if (steps <= 0) return;
+  corpus cp = load_corpus(o.corpus_dir.empty() ? default_corpus_dir() : o.corpus_dir);
+  std::printf("lab-bench %s\n", bench_json(bench_training(c, cp.train, warmup, steps)).c_str());
 }
 
 // ---- (b) controls -----------------------------------------------------------------------------

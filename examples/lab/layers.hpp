@@ -61,24 +61,22 @@ inline constexpr double gelu_c = 0.7978845608028654;  // sqrt(2 / pi)
 inline constexpr double gelu_a = 0.044715;
 }  // namespace detail
 
-/// GELU, tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+/// GELU, tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). Writes the tanh of each
+/// element into t (the backward pass reuses it). Eigen's tanh is vectorized for float.
 template <class T>
-matrix<T> gelu(matrix<T> const& u) {
-  return u.unaryExpr([](T x) {
-    T t = std::tanh(T(detail::gelu_c) * (x + T(detail::gelu_a) * x * x * x));
-    return T(0.5) * x * (T(1) + t);
-  });
+matrix<T> gelu(matrix<T> const& u, matrix<T>& t) {
+  auto x = u.array();
+  t = (T(detail::gelu_c) * (x + T(detail::gelu_a) * x.cube())).tanh().matrix();
+  return (T(0.5) * x * (T(1) + t.array())).matrix();
 }
 
-/// d(gelu(u)) = dy * gelu'(u).
+/// d(gelu(u)) = dy * gelu'(u), with t = tanh(...) from gelu(u, t); one fused elementwise pass.
 template <class T>
-matrix<T> gelu_backward(matrix<T> const& dy, matrix<T> const& u) {
-  matrix<T> du = u.unaryExpr([](T x) {
-    T t = std::tanh(T(detail::gelu_c) * (x + T(detail::gelu_a) * x * x * x));
-    T dt = (T(1) - t * t) * T(detail::gelu_c) * (T(1) + T(3 * detail::gelu_a) * x * x);
-    return T(0.5) * (T(1) + t) + T(0.5) * x * dt;
-  });
-  return du.cwiseProduct(dy);
+matrix<T> gelu_backward(matrix<T> const& dy, matrix<T> const& u, matrix<T> const& t) {
+  auto x = u.array();
+  auto th = t.array();
+  auto dt = (T(1) - th.square()) * T(detail::gelu_c) * (T(1) + T(3 * detail::gelu_a) * x.square());
+  return (dy.array() * (T(0.5) * (T(1) + th) + T(0.5) * x * dt)).matrix();
 }
 
 /// Mean cross-entropy of logits (rows, vocab) against targets; writes d(loss)/d(logits)

@@ -85,7 +85,7 @@ class model {
 
  private:
   struct layer_cache {
-    matrix<T> x_in, h1, q, k, v, att, x_mid, h2, u, g;
+    matrix<T> x_in, h1, q, k, v, att, x_mid, h2, u, t, g;  // t: tanh inside GELU
     norm_cache<T> n1, n2;
   };
   struct forward_state {
@@ -272,7 +272,7 @@ class model {
     c.x_mid = x;
     c.h2 = layer_norm<T>(x, r(lb.ln2_g), r(lb.ln2_b), c.n2);
     c.u = (c.h2 * w(lb.w1)).rowwise() + r(lb.b1);
-    c.g = gelu(c.u);
+    c.g = gelu(c.u, c.t);
     x += (c.g * w(lb.w2)).rowwise() + r(lb.b2);
     return x;
   }
@@ -292,7 +292,7 @@ class model {
     // MLP: x_out = x_mid + W2 gelu(u) + b2
     dr(lb.b2) += dx.colwise().sum();
     dw(lb.w2) += c.g.transpose() * dx;
-    matrix<T> du = gelu_backward<T>(dx * w(lb.w2).transpose(), c.u);
+    matrix<T> du = gelu_backward<T>(dx * w(lb.w2).transpose(), c.u, c.t);
     dr(lb.b1) += du.colwise().sum();
     dw(lb.w1) += c.h2.transpose() * du;
     dx += layer_norm_backward<T>(du * w(lb.w1).transpose(), r(lb.ln2_g), c.n2, dr(lb.ln2_g), dr(lb.ln2_b));

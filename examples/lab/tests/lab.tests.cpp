@@ -1,15 +1,19 @@
 // SPDX-License-Identifier: MIT
 // The lab's model: whole-model gradient, training, determinism, checkpoints, control encoders.
+#include "bench.hpp"
 #include "checkpoint.hpp"
 #include "encoders.hpp"
 #include "train.hpp"
 
 #include "support/catch.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -265,4 +269,42 @@ TEST_CASE("lab: the corpus splits deterministically into train, validation and t
     FAIL(e.what());
   }
   REQUIRE_THROWS_WITH(lab::load_corpus("/nonexistent"), contains("install the corpus with scripts/deps.sh"));
+}
+
+// bench/lab_torch.py builds its PyTorch model from this line: every field it reads must be there
+// and follow the configuration, so the two models cannot drift apart silently.
+TEST_CASE("lab: the bench configuration line carries the configuration the PyTorch script reads", "[lab]") {
+  lab::config c;
+  c.layers = 3;
+  c.d_model = 48;
+  c.heads = 3;
+  c.seq = 40;
+  c.batch = 5;
+  c.mlp = 2;
+  c.warmup = 7;
+  c.lower = c.upper = lab::parse_encoding("alibi");
+  c.split = c.layers;
+  std::string j = lab::config_json(c);
+  INFO(j);
+  std::string const parameters = "\"parameters\":" + std::to_string(lab::model<float>(c).params().size()) + "}";
+  for (std::string field : std::initializer_list<std::string>{"\"vocab\":256", "\"layers\":3", "\"d_model\":48", "\"heads\":3", "\"head_dim\":16",
+                            "\"mlp_hidden\":96", "\"seq\":40", "\"batch\":5", "\"encoding\":\"alibi\"",
+                            "\"attention_scale\":0.25", "\"lr_warmup_steps\":7", "\"norm\":\"pre\"", "\"gelu\":\"tanh\"",
+                            "\"tied_output\":true", "\"dtype\":\"float32\"", "\"clip_global_norm\":1",
+                            "\"beta1\":0.9", "\"beta2\":0.9", "\"eps\":1e-08", "\"ln_eps\":1", "\"rope_base\":10000", parameters}) {
+    CHECK(j.find(field) != std::string::npos);
+  }
+  // the paper's slopes of 3 heads, in head order
+  std::ostringstream slopes;
+  slopes.precision(17);
+  slopes << "\"alibi_slopes\":[";
+  auto s = posenc::alibi_slopes(3);
+  REQUIRE(s.size() == 3);
+  for (std::size_t h = 0; h < s.size(); ++h) slopes << (h ? "," : "") << s[h];
+  slopes << "]";
+  CHECK(j.find(slopes.str()) != std::string::npos);
+  CHECK(std::count(j.begin(), j.end(), '{') == 1);
+  c.split = 1;
+  c.upper = lab::parse_encoding("none");
+  CHECK(lab::config_json(c).find("\"encoding\":\"alibi/none\"") != std::string::npos);
 }
