@@ -9,6 +9,7 @@
 //
 //   traits.hpp         tile constants, derived and checked once
 //   scratch.hpp        per-thread scratch from one description, bounds-checked
+//   storage.hpp        K and V loads: T as it is, 16-bit rows widened in registers
 //   micro_kernels.hpp  register tiles of q.k and p v, for both layouts
 //   softmax.hpp        online softmax (lane and row layouts), normalisation
 //   tile_plan.hpp      what a key tile is for a query block: one enum, one function

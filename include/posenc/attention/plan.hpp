@@ -37,7 +37,7 @@
 //       static constexpr bool available = true;
 //       static constexpr bool provides_scores;      // can fill opt.scores
 //       static constexpr bool rotates_itself;       // can rotate q and k tiles itself
-//       template <class T, class E>
+//       template <class T, class E>   // (class T, class KV, class E) to take 16-bit k, v
 //       static void run(attention_plan<T> const&, view<const T> q, view<const T> k,
 //                       view<const T> v, view<T> out, E const& enc,
 //                       rotation_ids const* rot = nullptr);  // rot only when rotates_itself
