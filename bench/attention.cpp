@@ -322,8 +322,8 @@ int main(int argc, char** argv) {
   }
   // Decode with K and V stored in 16 bits (binary16, bfloat16), each against
   // the read of its own 16-bit K and V (x_stream), beside the float decode above.
-  for (int t : {1, 2}) {
-    config const c{1, 4096, 8, 8, 128, true, t};
+  for (config const c : {config{1, 4096, 8, 8, 128, true, 1}, config{1, 4096, 8, 8, 128, true, 2},
+                         config{1, 4096, 32, 8, 128, true, 1}}) {
     benchmark::RegisterBenchmark(name_of("fused_kv_f16", c).c_str(),
                                  [c](benchmark::State& s) { half_decode_bench<Eigen::half>(s, c); })
         ->Unit(benchmark::kMillisecond)->MinTime(0.3)->UseManualTime();
