@@ -1,10 +1,11 @@
 // SPDX-License-Identifier: MIT
-// Attention paths (fused, materialized) in float beside the in-run FMA peak, Eigen GEMMs of the same shapes and a K/V stream read.
+// Attention paths (fused, materialized) in float and with 16-bit K/V beside the in-run FMA peak, Eigen GEMMs of the same shapes and a K/V stream read.
 //
 // GFLOP/s counts 4 * D * H per visible (query, key) pair: 2 D for q.k and 2 D
 // for p.v (full: Sq * Sk pairs; causal: Sk (Sk + 1) / 2 when Sq == Sk).
 #include <posenc/attention/attention.hpp>
 #include <posenc/attention/fused.hpp>
+#include <posenc/core/half.hpp>
 #include <posenc/encoding/alibi.hpp>
 #include <posenc/encoding/none.hpp>
 #include <posenc/encoding/rope.hpp>
@@ -182,6 +183,57 @@ void attention_bench(benchmark::State& state, config c, enc_kind kind) {
   state.SetBytesProcessed(state.iterations() * 2 * c.Sk * c.Hkv * c.D * static_cast<std::int64_t>(sizeof(float)));
 }
 
+/// Decode (1 query x Sk keys, causal) with K and V stored in the 16-bit type
+/// S; every call is followed by a read of the same 16-bit K and V bytes (as
+/// floats, half as many) on the same threads, each after an eviction pass, as
+/// the float decode case does: x_stream = decode time / read time.
+template <class S>
+void half_decode_bench(benchmark::State& state, config c) {
+  auto& q = random_floats("attention/q", static_cast<std::size_t>(c.Sq * c.Hq * c.D), 1);
+  auto& k32 = random_floats("attention/k", static_cast<std::size_t>(c.Sk * c.Hkv * c.D), 2);
+  auto& v32 = random_floats("attention/v", static_cast<std::size_t>(c.Sk * c.Hkv * c.D), 3);
+  static std::map<std::string, std::vector<S>> made;  // the 16-bit K and V, rounded once per program
+  auto& k = made["k" + std::to_string(k32.size())];
+  auto& v = made["v" + std::to_string(v32.size())];
+  if (k.empty()) {
+    for (float x : k32) k.push_back(posenc::detail::to_storage<S>(x));
+    for (float x : v32) v.push_back(posenc::detail::to_storage<S>(x));
+  }
+  auto& out = posenc_bench::persistent_buffer<float>("attention/out", c.Sq * c.Hq * c.D, 0.0f);
+  auto qv = posenc::make_bshd<const float>(q.data(), 1, c.Sq, c.Hq, c.D);
+  auto kv = posenc::make_bshd<const S>(k.data(), 1, c.Sk, c.Hkv, c.D);
+  auto vv = posenc::make_bshd<const S>(v.data(), 1, c.Sk, c.Hkv, c.D);
+  auto ov = posenc::make_bshd(out.data(), 1, c.Sq, c.Hq, c.D);
+  posenc::attention_options<float> opt;
+  opt.causal = c.causal;
+  opt.threads = c.threads;
+  auto& evict = posenc_bench::persistent_buffer<float>("attention/evict", index_t{64} << 20, 1.0f);
+  posenc::attention<posenc::path::fused>(qv, kv, vv, ov, posenc::none{}, opt);  // warm-up, untimed
+  // The same bytes as floats: 2 x Sk x Hkv x D 16-bit values are Sk x Hkv x D floats.
+  auto const* kb = reinterpret_cast<float const*>(k.data());
+  auto const* vb = reinterpret_cast<float const*>(v.data());
+  std::int64_t const n = static_cast<std::int64_t>(k.size()) / 2;
+  double attn_s = 0, read_s = 0;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(evict_caches(evict));
+    auto const t0 = std::chrono::steady_clock::now();
+    posenc::attention<posenc::path::fused>(qv, kv, vv, ov, posenc::none{}, opt);
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+    auto const t1 = std::chrono::steady_clock::now();
+    benchmark::DoNotOptimize(evict_caches(evict));
+    auto const t1r = std::chrono::steady_clock::now();
+    benchmark::DoNotOptimize(read_once(kb, vb, n, c.threads));
+    auto const t2 = std::chrono::steady_clock::now();
+    attn_s += std::chrono::duration<double>(t1 - t0).count();
+    read_s += std::chrono::duration<double>(t2 - t1r).count();
+    state.SetIterationTime(std::chrono::duration<double>(t1 - t0).count());
+  }
+  state.counters["x_stream"] = read_s > 0 ? attn_s / read_s : 0.0;
+  state.counters["threads"] = c.threads;
+  state.SetBytesProcessed(state.iterations() * 2 * c.Sk * c.Hkv * c.D * static_cast<std::int64_t>(sizeof(S)));
+}
+
 /// Reads `bytes` of float once (vector sum): the time to stream K and V.
 void stream_read_baseline(benchmark::State& state, std::int64_t bytes, int threads) {
   std::int64_t const n = bytes / 4;
@@ -267,6 +319,17 @@ int main(int argc, char** argv) {
                                  [bytes, t](benchmark::State& s) { stream_read_baseline(s, bytes, t); })
         ->Unit(benchmark::kMicrosecond)
         ->UseRealTime();
+  }
+  // Decode with K and V stored in 16 bits (binary16, bfloat16), each against
+  // the read of its own 16-bit K and V (x_stream), beside the float decode above.
+  for (config const c : {config{1, 4096, 8, 8, 128, true, 1}, config{1, 4096, 8, 8, 128, true, 2},
+                         config{1, 4096, 32, 8, 128, true, 1}}) {
+    benchmark::RegisterBenchmark(name_of("fused_kv_f16", c).c_str(),
+                                 [c](benchmark::State& s) { half_decode_bench<Eigen::half>(s, c); })
+        ->Unit(benchmark::kMillisecond)->MinTime(0.3)->UseManualTime();
+    benchmark::RegisterBenchmark(name_of("fused_kv_bf16", c).c_str(),
+                                 [c](benchmark::State& s) { half_decode_bench<Eigen::bfloat16>(s, c); })
+        ->Unit(benchmark::kMillisecond)->MinTime(0.3)->UseManualTime();
   }
   // Encoders fused in, against plain at the same shape.
   for (index_t S : {1024, 4096})

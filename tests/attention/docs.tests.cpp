@@ -92,3 +92,21 @@ TEST_CASE("docs/attention.md: decoding with a kv_cache", "[docs]") {
     CHECK(last[static_cast<std::size_t>(n)] ==
           posenc_test::Approx(full[static_cast<std::size_t>((steps - 1) * q_heads * head_dim + n)]).margin(1e-5));
 }
+
+TEST_CASE("docs/attention.md: K and V stored in 16 bits", "[docs][half]") {
+  index_t const n = 6, q_heads = 4, kv_heads = 2, head_dim = 8;
+  auto qf = posenc_test::random_vector<float>(n * q_heads * head_dim, 1);
+  auto kf = posenc_test::random_vector<float>(n * kv_heads * head_dim, 2);
+  auto vf = posenc_test::random_vector<float>(n * kv_heads * head_dim, 3);
+  std::vector<Eigen::half> k16(kf.begin(), kf.end()), v16(vf.begin(), vf.end());
+  std::vector<float> o(qf.size());
+  auto q = posenc::make_bshd<const float>(qf.data(), 1, n, q_heads, head_dim);
+  auto out = posenc::make_bshd(o.data(), 1, n, q_heads, head_dim);
+  posenc::rope<float> rope(posenc::rope_layout::half_split, head_dim);
+  posenc::attention_options<float> opt;
+  opt.causal = true;
+  posenc::view<const Eigen::half> k = posenc::make_bshd<const Eigen::half>(k16.data(), 1, n, kv_heads, head_dim);
+  posenc::view<const Eigen::half> v = posenc::make_bshd<const Eigen::half>(v16.data(), 1, n, kv_heads, head_dim);
+  posenc::attention(q, k, v, out, rope, opt);  // q, out: float views
+  for (float x : o) CHECK(std::isfinite(x));
+}

@@ -14,6 +14,7 @@
 #include "posenc/attention/plan.hpp"
 #include "posenc/attention/reference.hpp"
 #include "posenc/core/aligned_buffer.hpp"
+#include "posenc/core/half.hpp"
 #include "posenc/core/positions.hpp"
 #include "posenc/core/view.hpp"
 #include "posenc/encoding/traits.hpp"
@@ -35,21 +36,21 @@ struct dependent_path {
   using type = P;
 };
 
-template <class Path, bool AllowAdditive, class T, class E>
-void run_attention(view<const T> q, view<const T> k, view<const T> v, view<T> out, E const& enc,
+template <class Path, bool AllowAdditive, class T, class KV, class E>
+void run_attention(view<const T> q, view<const KV> k, view<const KV> v, view<T> out, E const& enc,
                    attention_options<T> const& opt);
 
 /// Keys and values of a call without their first `cut` rows, with options that
 /// keep every remaining key and query at its distance: key lengths, masks and
 /// positions follow the keys (all positions move down by `cut` when the keys
-/// sat at their indices).
-template <class T>
+/// sat at their indices). K and V are stored as KV (T or a 16-bit type).
+template <class T, class KV = T>
 struct memory_cut {
-  view<const T> k, v;
+  view<const KV> k, v;
   attention_options<T> opt;
   std::vector<index_t> lengths, q_ids, k_ids;
 
-  memory_cut(view<const T> q, view<const T> k0, view<const T> v0, attention_options<T> const& o, index_t cut)
+  memory_cut(view<const T> q, view<const KV> k0, view<const KV> v0, attention_options<T> const& o, index_t cut)
       : k(k0), v(v0), opt(o) {
     index_t const B = q.batch, Sq = q.seq, Sk = k0.seq, n = Sk - cut;
     k.data += cut * k.seq_stride;
@@ -103,11 +104,31 @@ view<const T> content_shifted(view<const T> q, aligned_buffer<T>& buf, E const& 
   return y;
 }
 
+/// Copy of 16-bit keys x into a packed (batch, seq, head, dim) buffer,
+/// widened, rotated in float by enc at the position ids (batch, seq) and
+/// rounded once back to S.
+template <class S, class E>
+view<const S> rotated_half_copy(view<const S> x, std::vector<S>& buf, E const& enc, index_t const* ids,
+                                index_t length) {
+  std::vector<float> wide(static_cast<std::size_t>(x.size()));
+  view<float> const y = make_bshd(wide.data(), x.batch, x.seq, x.heads, x.dim);
+  for (index_t b = 0; b < x.batch; ++b)
+    for (index_t s = 0; s < x.seq; ++s)
+      for (index_t h = 0; h < x.heads; ++h) widen_row(x.ptr(b, s, h), x.dim, y.ptr(b, s, h));
+  enc.rotate(y, position_span::ids(ids, x.batch, x.seq), length);
+  buf.resize(wide.size());
+  for (std::size_t n = 0; n < wide.size(); ++n) buf[n] = to_storage<S>(wide[n]);
+  return make_bshd(static_cast<S const*>(buf.data()), x.batch, x.seq, x.heads, x.dim);
+}
+
 /// Runs one path after validation. `AllowAdditive`: the module applies
-/// additive encodings itself and calls this with its encoder.
-template <class Path, bool AllowAdditive, class T, class E>
-void run_attention(view<const T> q, view<const T> k, view<const T> v, view<T> out, E const& enc,
+/// additive encodings itself and calls this with its encoder. K and V are
+/// stored as KV: T, or a 16-bit type with float q and out (path::fused and
+/// path::reference; path::best runs the fused path).
+template <class Path, bool AllowAdditive, class T, class KV, class E>
+void run_attention(view<const T> q, view<const KV> k, view<const KV> v, view<T> out, E const& enc,
                    attention_options<T> const& opt) {
+  constexpr bool half_kv = !std::is_same_v<KV, T>;
   using traits = encoder_traits<E>;
   if constexpr (has_memory_length<E>::value) {
     // A segment memory longer than the encoder's M keys: cut to its last M.
@@ -117,7 +138,7 @@ void run_attention(view<const T> q, view<const T> k, view<const T> v, view<T> ou
       require(opt.scores == nullptr, "posenc::attention", "scores is set with a memory of ", k.seq - q.seq,
               " keys, expected null (the encoder's memory_length() is ", M,
               ": the memory is cut, so no scores column belongs to the first ", k.seq - q.seq - M, " keys)");
-      memory_cut<T> const c(q, k, v, opt, k.seq - q.seq - M);
+      memory_cut<T, KV> const c(q, k, v, opt, k.seq - q.seq - M);
       run_attention<Path, AllowAdditive>(q, c.k, c.v, out, enc, c.opt);
       return;
     }
@@ -128,7 +149,12 @@ void run_attention(view<const T> q, view<const T> k, view<const T> v, view<T> ou
                 "or use multi_head_attention");
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
                 "posenc::attention: T must be float or double");
-  if constexpr (std::is_same_v<Path, path::best>) {
+  static_assert(!half_kv || !std::is_same_v<Path, path::materialized>,
+                "posenc::attention: path::materialized takes k and v of q's element type; 16-bit k and v "
+                "run on path::fused (or path::best) and path::reference");
+  if constexpr (half_kv && std::is_same_v<Path, path::best>) {
+    run_attention<path::fused, AllowAdditive>(q, k, v, out, enc, opt);
+  } else if constexpr (std::is_same_v<Path, path::best>) {
     using fused_kernel = kernel<typename dependent_path<path::fused, E>::type>;
     if constexpr (fused_kernel::available) {
       if (opt.scores == nullptr) {
@@ -156,8 +182,16 @@ void run_attention(view<const T> q, view<const T> k, view<const T> v, view<T> ou
       if (rot.route == rotation_route::copies) {
         aligned_buffer<T> qbuf, kbuf;
         view<const T> const qr = rotated_copy(q, qbuf, enc, rot.q_ids.data(), rot.length);
-        view<const T> const kr = rot.k_ids.empty() ? k : rotated_copy(k, kbuf, enc, rot.k_ids.data(), rot.length);
-        K::run(plan, qr, kr, v, out, enc);
+        if constexpr (half_kv) {
+          std::vector<KV> hbuf;
+          view<const KV> const kr =
+              rot.k_ids.empty() ? k : rotated_half_copy(k, hbuf, enc, rot.k_ids.data(), rot.length);
+          K::run(plan, qr, kr, v, out, enc);
+        } else {
+          view<const T> const kr =
+              rot.k_ids.empty() ? k : rotated_copy(k, kbuf, enc, rot.k_ids.data(), rot.length);
+          K::run(plan, qr, kr, v, out, enc);
+        }
         return;
       }
       if constexpr (K::rotates_itself) {
@@ -174,28 +208,13 @@ void run_attention(view<const T> q, view<const T> k, view<const T> v, view<T> ou
 
 }  // namespace detail
 
-/// Scaled dot-product attention with a positional encoder (docs/formulas.md 5).
-///
-/// out(b, i, h, :) = sum_j softmax_j(s_ij) v(b, j, h / (Hq / Hkv), :), with
-/// s_ij = scale * q_i . k_j (+ Shaw term), softcapped, plus the encoder bias
-/// and the masks; keys hidden by causal / window / padding / masks are -inf.
-/// A row with no visible key gives zeros (and lse = -inf), never NaN.
-///
-/// @tparam Path path::reference, path::materialized, path::fused or
-///         path::best (the fused path when available and no scores output is
-///         requested, else the materialized path).
-/// @param q   (batch, Sq, Hq, D), last dim contiguous, any other strides
-/// @param k   (batch, Sk, Hkv, D), Hq % Hkv == 0
-/// @param v   (batch, Sk, Hkv, Dv)
-/// @param out (batch, Sq, Hq, Dv)
-/// @param enc an encoder whose traits say where it acts: rotation of copies
-///        of q and k (keys skipped when opt.keys_rotated), bias_row, Shaw
-///        score and value terms. Additive encoders are a compile error.
-/// @throws posenc::error on any bad argument, before anything is written.
-template <class Path = path::best, class T, class E>
-void attention(view<const detail::identity_t<T>> q, view<const detail::identity_t<T>> k,
-               view<const detail::identity_t<T>> v, view<T> out, E const& enc,
-               attention_options<detail::identity_t<T>> const& opt = {}) {
+namespace detail {
+
+/// The compile-time checks of an encoder passed to posenc::attention with
+/// views of element type T (a sentence for each problem); true when the call
+/// can run.
+template <class T, class E>
+constexpr bool attention_encoder_ok() {
   if constexpr (!has_encoder_traits_v<E>) {
     static_assert(detail::dependent_false_v<E>,
                   "posenc::attention: E is not an encoder; specialize posenc::encoder_traits<E> "
@@ -228,8 +247,77 @@ void attention(view<const detail::identity_t<T>> q, view<const detail::identity_
                   "`score_row(T const*, index_t, index_t, index_t, T, T*) const`, "
                   "`value_row(T const*, index_t, index_t, index_t, T*) const`, `bool has_values() const`, "
                   "`index_t head_dim() const` for the views' element type T");
-    if constexpr (!encoder_traits<E>::adds_to_embeddings && problem == contract_problem::none)
-      detail::run_attention<Path, false>(q, k, v, out, enc, opt);
+    return !encoder_traits<E>::adds_to_embeddings && problem == contract_problem::none;
+  }
+  return false;
+}
+
+}  // namespace detail
+
+/// Scaled dot-product attention with a positional encoder (docs/formulas.md 5).
+///
+/// out(b, i, h, :) = sum_j softmax_j(s_ij) v(b, j, h / (Hq / Hkv), :), with
+/// s_ij = scale * q_i . k_j (+ Shaw term), softcapped, plus the encoder bias
+/// and the masks; keys hidden by causal / window / padding / masks are -inf.
+/// A row with no visible key gives zeros (and lse = -inf), never NaN.
+///
+/// @tparam Path path::reference, path::materialized, path::fused or
+///         path::best (the fused path when available and no scores output is
+///         requested, else the materialized path).
+/// @param q   (batch, Sq, Hq, D), last dim contiguous, any other strides
+/// @param k   (batch, Sk, Hkv, D), Hq % Hkv == 0
+/// @param v   (batch, Sk, Hkv, Dv)
+/// @param out (batch, Sq, Hq, Dv)
+/// @param enc an encoder whose traits say where it acts: rotation of copies
+///        of q and k (keys skipped when opt.keys_rotated), bias_row, Shaw
+///        score and value terms. Additive encoders are a compile error.
+/// @throws posenc::error on any bad argument, before anything is written.
+template <class Path = path::best, class T, class E>
+void attention(view<const detail::identity_t<T>> q, view<const detail::identity_t<T>> k,
+               view<const detail::identity_t<T>> v, view<T> out, E const& enc,
+               attention_options<detail::identity_t<T>> const& opt = {}) {
+  if constexpr (detail::attention_encoder_ok<T, E>()) detail::run_attention<Path, false>(q, k, v, out, enc, opt);
+}
+
+namespace detail {
+template <class E, class = void>
+struct encoder_value_type {
+  using type = void;
+};
+template <class E>
+struct encoder_value_type<E, std::void_t<typename E::value_type>> {
+  using type = typename E::value_type;
+};
+}  // namespace detail
+
+/// Attention with K and V stored in 16 bits: q and out float, k and v
+/// `Eigen::half` (IEEE binary16) or `Eigen::bfloat16` views, computed in float
+/// (path::reference: in double). The semantics, options and checks are those
+/// of the float call above. path::fused (and path::best) runs the row kernel,
+/// which widens K and V rows in registers as it loads them; path::materialized
+/// is not available. Encoder tables stay float (rope<float>, t5_bias<float>,
+/// ...). Other mixes (double or 16-bit q and out, k and v of different types,
+/// a 16-bit encoder) are compile errors with a sentence.
+template <class Path = path::best, class T, class Q, class K, class V, class E,
+          std::enable_if_t<is_half_storage_v<Q> || is_half_storage_v<K> || is_half_storage_v<V> ||
+                               is_half_storage_v<T>,
+                           int> = 0>
+void attention(view<Q> q, view<K> k, view<V> v, view<T> out, E const& enc,
+               attention_options<detail::identity_t<T>> const& opt = {}) {
+  using S = std::remove_const_t<K>;
+  static_assert(std::is_same_v<S, std::remove_const_t<V>>,
+                "posenc::attention: k and v must have the same element type (both Eigen::half or both "
+                "Eigen::bfloat16)");
+  static_assert(std::is_same_v<std::remove_const_t<Q>, float> && std::is_same_v<T, float>,
+                "posenc::attention: with 16-bit k and v (Eigen::half, Eigen::bfloat16), q and out must be "
+                "float; 16-bit q or out and double q or out are not supported");
+  static_assert(!is_half_storage_v<typename detail::encoder_value_type<E>::type>,
+                "posenc::attention: encoder tables are float for now; build the encoder with float "
+                "(e.g. rope<float>, t5_bias<float>) for 16-bit k and v");
+  if constexpr (std::is_same_v<S, std::remove_const_t<V>> && std::is_same_v<std::remove_const_t<Q>, float> &&
+                std::is_same_v<T, float> && is_half_storage_v<S>) {
+    if constexpr (detail::attention_encoder_ok<float, E>())
+      detail::run_attention<Path, false>(view<const float>(q), view<const S>(k), view<const S>(v), out, enc, opt);
   }
 }
 
@@ -264,6 +352,41 @@ void check_encoder_head_dim(char const* where, E const& enc, index_t head_dim) {
 
 }  // namespace detail
 
+namespace detail {
+
+/// The checks of an attention call over a kv_cache of element type S (q of
+/// element type T), and the options they imply: keys rotated as stored, key
+/// positions from the cache, bottom-right query positions by default.
+template <class T, class S, class E>
+void cache_call_options(view<const T> q, kv_cache<S> const& cache, E const& enc, attention_options<T>& opt) {
+  char const* w = "posenc::attention";
+  if constexpr (has_encoder_traits_v<E>) {
+    constexpr bool rotates = encoder_traits<E>::rotates_queries_keys;
+    bool const stored_rotated = cache.keys_rotated();
+    check_view(w, "q", q);
+    check_equal(w, "q.batch", q.batch, cache.batch(), "cache.batch()");
+    check_equal(w, "q.dim", q.dim, cache.head_dim(), "cache.head_dim()");
+    require(!opt.k_positions, w, "k_positions is set, expected unset with a kv_cache (key j sits at "
+                    "cache.first_position() + j = ", cache.first_position(), " + j)");
+    require(opt.key_lengths.empty() && opt.key_lengths.data() == nullptr, w, "key_lengths has ",
+                    opt.key_lengths.size(), " entries, expected none with a kv_cache (every sequence has "
+                    "cache.length() = ", cache.length(), " keys; mask keys with mask or bool_mask)");
+    require(!opt.keys_rotated || stored_rotated, w, "keys_rotated is true, expected false (the ",
+                    cache.length(), " cached keys are stored unrotated)");
+    require(cache.length() == 0 || rotates == stored_rotated, w, "the encoder's rotates_queries_keys is ",
+                    rotates ? "true" : "false", ", expected ", stored_rotated ? "true" : "false", " (the ",
+                    cache.length(), " cached keys are stored ", stored_rotated ? "rotated" : "unrotated",
+                    ": attend with an encoder that acts as the one used on append)");
+    check_encoder_head_dim(w, enc, cache.head_dim());
+    opt.keys_rotated = stored_rotated;
+    opt.k_positions = position_span(cache.first_position());
+    // next_position() <= position_limit and q.seq >= 0 (checked): no overflow.
+    if (!opt.q_positions) opt.q_positions = position_span(cache.next_position() - q.seq);
+  }
+}
+
+}  // namespace detail
+
 /// Attention of q over the keys and values held by a kv_cache: what is cached
 /// and where it sits comes from the cache and cannot disagree with it.
 ///
@@ -291,31 +414,24 @@ template <class Path = path::best, class T, class E>
 void attention(view<const detail::identity_t<T>> q, kv_cache<T> const& cache, view<detail::identity_t<T>> out,
                E const& enc, attention_options<detail::identity_t<T>> opt = {}) {
   // T is deduced from the cache alone: a call with views in that place never names kv_cache<const T>.
-  char const* w = "posenc::attention";
-  if constexpr (has_encoder_traits_v<E>) {
-    constexpr bool rotates = encoder_traits<E>::rotates_queries_keys;
-    bool const stored_rotated = cache.keys_rotated();
-    detail::check_view(w, "q", q);
-    detail::check_equal(w, "q.batch", q.batch, cache.batch(), "cache.batch()");
-    detail::check_equal(w, "q.dim", q.dim, cache.head_dim(), "cache.head_dim()");
-    detail::require(!opt.k_positions, w, "k_positions is set, expected unset with a kv_cache (key j sits at "
-                    "cache.first_position() + j = ", cache.first_position(), " + j)");
-    detail::require(opt.key_lengths.empty() && opt.key_lengths.data() == nullptr, w, "key_lengths has ",
-                    opt.key_lengths.size(), " entries, expected none with a kv_cache (every sequence has "
-                    "cache.length() = ", cache.length(), " keys; mask keys with mask or bool_mask)");
-    detail::require(!opt.keys_rotated || stored_rotated, w, "keys_rotated is true, expected false (the ",
-                    cache.length(), " cached keys are stored unrotated)");
-    detail::require(cache.length() == 0 || rotates == stored_rotated, w, "the encoder's rotates_queries_keys is ",
-                    rotates ? "true" : "false", ", expected ", stored_rotated ? "true" : "false", " (the ",
-                    cache.length(), " cached keys are stored ", stored_rotated ? "rotated" : "unrotated",
-                    ": attend with an encoder that acts as the one used on append)");
-    detail::check_encoder_head_dim(w, enc, cache.head_dim());
-    opt.keys_rotated = stored_rotated;
-    opt.k_positions = position_span(cache.first_position());
-    // next_position() <= position_limit and q.seq >= 0 (checked): no overflow.
-    if (!opt.q_positions) opt.q_positions = position_span(cache.next_position() - q.seq);
-  }
+  detail::cache_call_options(q, cache, enc, opt);
   attention<Path, T>(q, cache.keys(), cache.values(), out, enc, opt);
 }
+
+/// Attention of float q over a kv_cache stored in 16 bits (kv_cache<Eigen::half>
+/// or kv_cache<Eigen::bfloat16>): the same contract as the float cache above
+/// (positions, rotation, lengths from the cache), computed in float by the
+/// fused path, which widens each cached K and V row in registers as it loads
+/// it (no float copy of the cache).
+/// @param q   (batch, Sq, Hq, D) float
+/// @param out (batch, Sq, Hq, cache.value_dim()) float
+/// @throws posenc::error on any bad argument or contradiction, before anything is written.
+template <class Path = path::best, class S, class E, std::enable_if_t<is_half_storage_v<S>, int> = 0>
+void attention(view<const float> q, kv_cache<S> const& cache, view<float> out, E const& enc,
+               attention_options<float> opt = {}) {
+  detail::cache_call_options(q, cache, enc, opt);
+  attention<Path>(q, cache.keys(), cache.values(), out, enc, opt);
+}
+
 
 }  // namespace posenc

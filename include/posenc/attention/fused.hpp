@@ -9,6 +9,7 @@
 //
 //   traits.hpp         tile constants, derived and checked once
 //   scratch.hpp        per-thread scratch from one description, bounds-checked
+//   storage.hpp        K and V loads: T as it is, 16-bit rows widened in registers
 //   micro_kernels.hpp  register tiles of q.k and p v, for both layouts
 //   softmax.hpp        online softmax (lane and row layouts), normalisation
 //   tile_plan.hpp      what a key tile is for a query block: one enum, one function
@@ -24,6 +25,7 @@
 // count only (fused_scratch_elements); nothing grows with Sq x Sk.
 
 #include <algorithm>
+#include <type_traits>
 
 #include "posenc/attention/fused/decode.hpp"
 #include "posenc/attention/fused/lane_kernel.hpp"
@@ -49,16 +51,22 @@ index_t fused_scratch_elements(index_t head_dim, index_t value_dim, index_t kv_h
 
 /// Runs path::fused on a validated plan. `rot`: rotate q and k tiles in the
 /// kernel (RoPE fused); null: q and k arrive rotated (or need no rotation).
-template <class Tr, class T, class E>
-void fused_attention(attention_plan<T> const& p, view<const T> q, view<const T> k, view<const T> v, view<T> out,
+/// K and V stored in a 16-bit type (KV) always run the row kernel, which
+/// widens their rows in registers as it loads them; the lane kernel reads T only.
+template <class Tr, class T, class KV, class E>
+void fused_attention(attention_plan<T> const& p, view<const T> q, view<const KV> k, view<const KV> v, view<T> out,
                      E const& enc, rotation_ids const* rot = nullptr) {
-  // Relative keys need the row kernel, unless the encoder hands the lane
-  // kernel its table by distance (transformer_xl; no value term).
-  constexpr bool lanes_v = !encoder_traits<E>::relative_key_value || has_distance_columns<E, T>::value;
-  if (lanes_v && p.q_len * p.group >= Tr::lane_kernel_min_rows_v)
-    fused::run_lane_kernel<Tr>(p, q, k, v, out, enc, rot);
-  else
+  if constexpr (std::is_same_v<KV, T>) {
+    // Relative keys need the row kernel, unless the encoder hands the lane
+    // kernel its table by distance (transformer_xl; no value term).
+    constexpr bool lanes_v = !encoder_traits<E>::relative_key_value || has_distance_columns<E, T>::value;
+    if (lanes_v && p.q_len * p.group >= Tr::lane_kernel_min_rows_v)
+      fused::run_lane_kernel<Tr>(p, q, k, v, out, enc, rot);
+    else
+      fused::run_row_kernel<Tr>(p, q, k, v, out, enc, rot);
+  } else {
     fused::run_row_kernel<Tr>(p, q, k, v, out, enc, rot);
+  }
 }
 
 /// path::fused: see the top of this file.
@@ -71,8 +79,8 @@ struct kernel<path::fused> {
   /// loaded (a key tile once per work item, for all its query blocks); else
   /// the entry point passes rotated copies.
   static constexpr bool rotates_itself = true;
-  template <class T, class E>
-  static void run(attention_plan<T> const& p, view<const T> q, view<const T> k, view<const T> v, view<T> out,
+  template <class T, class KV, class E>
+  static void run(attention_plan<T> const& p, view<const T> q, view<const KV> k, view<const KV> v, view<T> out,
                   E const& enc, rotation_ids const* rot = nullptr) {
     fused_attention<fused_default_traits<T>>(p, q, k, v, out, enc, rot);
   }

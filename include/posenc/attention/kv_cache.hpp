@@ -4,10 +4,12 @@
 
 #include <algorithm>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "posenc/core/checked.hpp"
 #include "posenc/core/error.hpp"
+#include "posenc/core/half.hpp"
 #include "posenc/core/positions.hpp"
 #include "posenc/core/view.hpp"
 #include "posenc/encoding/traits.hpp"
@@ -37,10 +39,16 @@ inline index_t kv_grown_capacity(index_t cap, index_t tokens, index_t batch, ind
 /// keys, values, their positions and that record from the cache.
 ///
 /// Storage: (batch, capacity, kv_heads, dim), grown geometrically.
-/// @tparam T float or double
+/// @tparam T float or double, or a 16-bit storage type (Eigen::half,
+///         Eigen::bfloat16): append() then takes float k and v, rotates the
+///         keys in float when the encoder rotates and rounds each element
+///         once (to nearest even) into the cache.
 template <class T>
 class kv_cache {
  public:
+  /// Element type of the k and v that append() takes: T, or float for a 16-bit cache.
+  using input_type = std::conditional_t<is_half_storage_v<T>, float, T>;
+
   /// @param batch sequences in the batch
   /// @param kv_heads key/value heads
   /// @param head_dim key dim; @param value_dim value dim (0 = head_dim)
@@ -71,7 +79,7 @@ class kv_cache {
   /// the storage is reallocated or written; after a failed append the cache
   /// and every view taken from it are unchanged.
   template <class E>
-  void append(view<const T> k, view<const T> v, E const& enc) {
+  void append(view<const input_type> k, view<const input_type> v, E const& enc) {
     char const* w = "posenc::kv_cache::append";
     detail::check_view(w, "k", k);
     detail::check_view(w, "v", v);
@@ -95,11 +103,11 @@ class kv_cache {
     grown_capacity(w, len);  // the storage size for `len` tokens fits index_t
     // The new keys, rotated in a scratch copy (batch, n, kv_heads, head_dim):
     // the encoder checks the view and the positions before the storage changes.
-    std::vector<T> fresh;
-    view<const T> src = k;
+    std::vector<input_type> fresh;
+    view<const input_type> src = k;
     if constexpr (encoder_traits<E>::rotates_queries_keys) {
       fresh.resize(static_cast<std::size_t>(batch_ * n * heads_ * dim_));  // fits: k passed check_view
-      view<T> f = make_bshd(fresh.data(), batch_, n, heads_, dim_);
+      view<input_type> f = make_bshd(fresh.data(), batch_, n, heads_, dim_);
       for (index_t b = 0; b < batch_; ++b)
         for (index_t s = 0; s < n; ++s)
           for (index_t h = 0; h < heads_; ++h) std::copy(k.ptr(b, s, h), k.ptr(b, s, h) + dim_, f.ptr(b, s, h));
@@ -113,8 +121,8 @@ class kv_cache {
     for (index_t b = 0; b < batch_; ++b)
       for (index_t s = 0; s < n; ++s)
         for (index_t h = 0; h < heads_; ++h) {
-          std::copy(src.ptr(b, s, h), src.ptr(b, s, h) + dim_, kd.ptr(b, len_ + s, h));
-          std::copy(v.ptr(b, s, h), v.ptr(b, s, h) + vdim_, vd.ptr(b, len_ + s, h));
+          store_row(src.ptr(b, s, h), dim_, kd.ptr(b, len_ + s, h));
+          store_row(v.ptr(b, s, h), vdim_, vd.ptr(b, len_ + s, h));
         }
     if (len_ == 0) rotated_ = rotates;
     len_ = len;
@@ -158,6 +166,14 @@ class kv_cache {
   }
 
  private:
+  // Copies n input elements into the storage, each rounded once for a 16-bit cache.
+  static void store_row(input_type const* src, index_t n, T* dst) noexcept {
+    if constexpr (std::is_same_v<input_type, T>) {
+      std::copy(src, src + n, dst);
+    } else {
+      for (index_t d = 0; d < n; ++d) dst[d] = detail::to_storage<T>(src[d]);
+    }
+  }
   // Elements of `tokens` tokens of keys and of values (the larger of the two),
   // checked: batch x tokens x kv_heads x max(head_dim, value_dim).
   index_t token_elements(char const* w, char const* what, index_t tokens) const {

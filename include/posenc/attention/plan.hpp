@@ -37,7 +37,7 @@
 //       static constexpr bool available = true;
 //       static constexpr bool provides_scores;      // can fill opt.scores
 //       static constexpr bool rotates_itself;       // can rotate q and k tiles itself
-//       template <class T, class E>
+//       template <class T, class E>   // (class T, class KV, class E) to take 16-bit k, v
 //       static void run(attention_plan<T> const&, view<const T> q, view<const T> k,
 //                       view<const T> v, view<T> out, E const& enc,
 //                       rotation_ids const* rot = nullptr);  // rot only when rotates_itself
@@ -329,8 +329,8 @@ void check_mask(char const* where, char const* name, mask_view<M> const& m, inde
 /// Throws unless every query-key pair that can be visible (not padding; with
 /// causal, p_j <= p_i and within the window) is at most `limit` apart:
 /// a bound from the smallest and largest positions of each batch entry.
-template <class T>
-void check_distances(char const* w, index_t limit, view<const T> q, view<const T> k,
+template <class T, class KV>
+void check_distances(char const* w, index_t limit, view<const T> q, view<const KV> k,
                      attention_options<T> const& opt) {
   index_t const B = q.batch, Sq = q.seq, Sk = k.seq;
   bool const restricted = opt.causal || opt.sliding_window > 0;
@@ -358,8 +358,9 @@ void check_distances(char const* w, index_t limit, view<const T> q, view<const T
 
 /// Validates every argument of posenc::attention; throws posenc::error before any write.
 /// `w` names the caller in messages (attention_backward validates its forward arguments here too).
-template <class T, class E>
-void validate(view<const T> q, view<const T> k, view<const T> v, view<T> out, E const& enc,
+/// K and V are stored as KV: T, or a 16-bit type (float T).
+template <class T, class KV, class E>
+void validate(view<const T> q, view<const KV> k, view<const KV> v, view<T> out, E const& enc,
               attention_options<T> const& opt, char const* w = "posenc::attention") {
   (void)enc;
   check_view(w, "q", q);
@@ -527,8 +528,8 @@ void validate(view<const T> q, view<const T> k, view<const T> v, view<T> out, E 
 }
 
 /// validate() and resolve the defaults into a plan.
-template <class T, class E>
-attention_plan<T> make_plan(view<const T> q, view<const T> k, view<const T> v, view<T> out,
+template <class T, class KV, class E>
+attention_plan<T> make_plan(view<const T> q, view<const KV> k, view<const KV> v, view<T> out,
                             E const& enc, attention_options<T> const& opt, char const* where = "posenc::attention") {
   validate(q, k, v, out, enc, opt, where);
   attention_plan<T> p;

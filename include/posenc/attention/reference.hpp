@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "posenc/attention/plan.hpp"
+#include "posenc/core/half.hpp"
 #include "posenc/core/threading.hpp"
 
 namespace posenc::detail {
@@ -14,10 +15,11 @@ namespace posenc::detail {
 /// Scalar attention following docs/formulas.md 5.1 step by step. Dot products,
 /// softmax and the weighted sum of values accumulate in `Acc` (double for
 /// path::reference; float gives the "plain float implementation" the tests
-/// use to set their tolerance). Encoder hooks work in T.
-template <class Acc, class T, class E>
-void reference_attention(attention_plan<T> const& p, view<const T> q, view<const T> k,
-                         view<const T> v, view<T> out, E const& enc) {
+/// use to set their tolerance). Encoder hooks work in T. K and V are stored
+/// as KV: T, or a 16-bit type widened (exactly) as each element is read.
+template <class Acc, class T, class KV, class E>
+void reference_attention(attention_plan<T> const& p, view<const T> q, view<const KV> k,
+                         view<const KV> v, view<T> out, E const& enc) {
   using traits = encoder_traits<E>;
   index_t const Sq = p.q_len, Sk = p.k_len, D = p.head_dim, Dv = p.value_dim;
   Acc const scale = static_cast<Acc>(p.scale);
@@ -42,9 +44,9 @@ void reference_attention(attention_plan<T> const& p, view<const T> q, view<const
     for (index_t i = 0; i < Sq; ++i) {
       T const* qi = q.ptr(b, i, h);
       for (index_t j = 0; j < Sk; ++j) {
-        T const* kj = k.ptr(b, j, hk);
+        KV const* kj = k.ptr(b, j, hk);
         Acc dot = 0;
-        for (index_t d = 0; d < D; ++d) dot += static_cast<Acc>(qi[d]) * static_cast<Acc>(kj[d]);
+        for (index_t d = 0; d < D; ++d) dot += static_cast<Acc>(qi[d]) * stored_value<Acc>(kj[d]);
         s[j] = scale * dot;
       }
       if constexpr (traits::relative_key_value) {
@@ -94,8 +96,8 @@ void reference_attention(attention_plan<T> const& p, view<const T> q, view<const
       for (index_t d = 0; d < Dv; ++d) acc[d] = 0;
       for (index_t j = 0; j < Sk; ++j) {
         if (s[j] == 0) continue;
-        T const* vj = v.ptr(b, j, hk);
-        for (index_t d = 0; d < Dv; ++d) acc[d] += s[j] * static_cast<Acc>(vj[d]);
+        KV const* vj = v.ptr(b, j, hk);
+        for (index_t d = 0; d < Dv; ++d) acc[d] += s[j] * stored_value<Acc>(vj[d]);
       }
       if constexpr (traits::relative_key_value) {
         for (index_t j = 0; j < Sk; ++j) prob[j] = static_cast<T>(s[j]);
@@ -116,8 +118,8 @@ struct kernel<path::reference> {
   static constexpr bool available = true;
   static constexpr bool provides_scores = true;
   static constexpr bool rotates_itself = false;
-  template <class T, class E>
-  static void run(attention_plan<T> const& p, view<const T> q, view<const T> k, view<const T> v,
+  template <class T, class KV, class E>
+  static void run(attention_plan<T> const& p, view<const T> q, view<const KV> k, view<const KV> v,
                   view<T> out, E const& enc) {
     reference_attention<double>(p, q, k, v, out, enc);
   }

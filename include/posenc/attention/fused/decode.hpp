@@ -35,8 +35,8 @@ namespace posenc::detail::fused {
 /// software prefetch of the next tile made it slower. `states(hk, grp)` gives
 /// the state of a row group; rr holds kv_heads * groups entries. `Guard` as
 /// in row_tile.
-template <class Tr, bool Guard, class T, class E, class StateOf>
-void decode_item(attention_plan<T> const& p, view<const T> q, view<const T> k, view<const T> v, E const& enc,
+template <class Tr, bool Guard, class T, class KV, class E, class StateOf>
+void decode_item(attention_plan<T> const& p, view<const T> q, view<const KV> k, view<const KV> v, E const& enc,
                  index_t b, index_t j0, index_t j1, rotation_ids const* rot, row_scratch<Tr> const& sc,
                  row_rows<Tr>* rr, StateOf const& states) noexcept {
   constexpr index_t rg_v = Tr::row_group_v, bk_v = Tr::block_kv_v;
@@ -114,9 +114,10 @@ void finish_row(attention_plan<T> const& p, view<T> out, index_t b, index_t h, i
 
 /// The row kernel over a validated plan: decode items (no Shaw terms) or
 /// per-head row items, split over key chunks when that keeps the threads
-/// busy, then merged.
-template <class Tr, class T, class E>
-void run_row_kernel(attention_plan<T> const& p, view<const T> q, view<const T> k, view<const T> v, view<T> out,
+/// busy, then merged. K and V are stored as KV (T, or a 16-bit type widened
+/// in registers as loaded).
+template <class Tr, class T, class KV, class E>
+void run_row_kernel(attention_plan<T> const& p, view<const T> q, view<const KV> k, view<const KV> v, view<T> out,
                     E const& enc, rotation_ids const* rot) {
   constexpr index_t rg_v = Tr::row_group_v;
   constexpr bool decode_v = !encoder_traits<E>::relative_key_value;

@@ -7,12 +7,13 @@
 // lanes): score_micro, value_micro. Row layout (decode, Shaw: keys or output
 // dims along the lanes): row_scores, row_values. Plus the helpers that walk a
 // range in register-tile steps. Nothing here knows masks, biases or softmax.
-// May include: fused/traits.hpp and core/.
+// May include: fused/traits.hpp, fused/storage.hpp and core/.
 
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
 
+#include "posenc/attention/fused/storage.hpp"
 #include "posenc/attention/fused/traits.hpp"
 #include "posenc/core/simd.hpp"
 #include "posenc/core/span.hpp"
@@ -154,9 +155,10 @@ POSENC_ALWAYS_INLINE void value_micro(typename Tr::value_type const* v, index_t 
 /// s[g][j] = q_g . k_j for NG rows and nk keys. kj_v keys at a time keep
 /// NG * kj_v accumulators in registers (each K row loaded once for all rows);
 /// the partial sums of width keys are then reduced together by one
-/// width x width transpose instead of a horizontal sum per key.
-template <class Tr, int NG>
-inline void row_scores(typename Tr::value_type const* const* qr, typename Tr::value_type const* k, index_t ldk,
+/// width x width transpose instead of a horizontal sum per key. K rows are
+/// of storage type KS (T, or a 16-bit type widened as loaded).
+template <class Tr, int NG, class KS>
+inline void row_scores(typename Tr::value_type const* const* qr, KS const* k, index_t ldk,
                        index_t nk, index_t head_dim, typename Tr::value_type* const* s) noexcept {
   using T = typename Tr::value_type;
   using B = typename Tr::batch;
@@ -169,14 +171,14 @@ inline void row_scores(typename Tr::value_type const* const* qr, typename Tr::va
     index_t const n = std::min(w_v, nk - j0);
     for (index_t jj = 0; jj < n; jj += kj_v) {
       B acc[size_v<NG>][size_v<kj_v>];
-      T const* kr[size_v<kj_v>];
+      KS const* kr[size_v<kj_v>];
       for (int t = 0; t < kj_v; ++t) {
         kr[t] = k + std::min(j0 + jj + t, nk - 1) * ldk;  // past the tile: a repeat, discarded
         for (int g = 0; g < NG; ++g) acc[g][t] = B(T(0));
       }
       for (index_t d = 0; d < dim_w; d += w_v) {
         B kv[size_v<kj_v>];
-        for (int t = 0; t < kj_v; ++t) kv[t] = simd::load<T, A>(kr[t] + d);
+        for (int t = 0; t < kj_v; ++t) kv[t] = load_stored<T, A>(kr[t] + d);
         for (int g = 0; g < NG; ++g) {
           B const qv = simd::load<T, A>(qr[g] + d);
           for (int t = 0; t < kj_v; ++t) acc[g][t] = simd::fma(qv, kv[t], acc[g][t]);
@@ -196,7 +198,7 @@ inline void row_scores(typename Tr::value_type const* const* qr, typename Tr::va
         for (index_t t = 0; t < w_v; ++t) {
           T x = 0;
           if (t < n)
-            for (index_t e = dim_w; e < head_dim; ++e) x += qr[g][e] * k[(j0 + t) * ldk + e];
+            for (index_t e = dim_w; e < head_dim; ++e) x += qr[g][e] * stored_value<T>(k[(j0 + t) * ldk + e]);
           tail[t] = x;
         }
         sum = sum + simd::load<T, A>(tail);
@@ -213,9 +215,10 @@ inline void row_scores(typename Tr::value_type const* const* qr, typename Tr::va
 /// at o + g * value_dim). Each V row chunk is loaded once for all rows; the
 /// cw_v * NG accumulators of a chunk stay in registers across the keys.
 /// `Guarded`: keys with p_g[j] = 0 add nothing, even when v_j is NaN or Inf.
-template <class Tr, int NG, bool Guarded = false>
+/// V rows are of storage type VS (T, or a 16-bit type widened as loaded).
+template <class Tr, int NG, bool Guarded = false, class VS>
 inline void row_values(typename Tr::value_type const* const* pr, typename Tr::value_type const* alpha,
-                       typename Tr::value_type const* v, index_t ldv, index_t nk, index_t value_dim,
+                       VS const* v, index_t ldv, index_t nk, index_t value_dim,
                        typename Tr::value_type* o) noexcept {
   using T = typename Tr::value_type;
   using B = typename Tr::batch;
@@ -228,11 +231,11 @@ inline void row_values(typename Tr::value_type const* const* pr, typename Tr::va
     for (int g = 0; g < NG; ++g)
       for (int c = 0; c < C; ++c) acc[g][c] = simd::load<T, A>(o + g * value_dim + d + c * w_v) * B(alpha[g]);
     for (index_t j = 0; j < nk; ++j) {
-      T const* vj = v + j * ldv + d;
+      VS const* vj = v + j * ldv + d;
       B pj[size_v<NG>];
       for (int g = 0; g < NG; ++g) pj[g] = B(pr[g][j]);
       for (int c = 0; c < C; ++c) {
-        B const vv = simd::load<T, A>(vj + c * w_v);
+        B const vv = load_stored<T, A>(vj + c * w_v);
         for (int g = 0; g < NG; ++g) {
           if constexpr (Guarded)
             acc[g][c] = pr[g][j] != T(0) ? simd::fma(pj[g], vv, acc[g][c]) : acc[g][c];
@@ -251,15 +254,16 @@ inline void row_values(typename Tr::value_type const* const* pr, typename Tr::va
     for (int g = 0; g < NG; ++g) {
       T a = o[g * value_dim + d] * alpha[g];
       for (index_t j = 0; j < nk; ++j)
-        if (!Guarded || pr[g][j] != T(0)) a += pr[g][j] * v[j * ldv + d];
+        if (!Guarded || pr[g][j] != T(0)) a += pr[g][j] * stored_value<T>(v[j * ldv + d]);
       o[g * value_dim + d] = a;
     }
   }
 }
 
-/// Every element of n rows of `len` values, `ld` apart, is finite (no NaN, no Inf).
-template <class Tr>
-inline bool rows_finite(typename Tr::value_type const* x, index_t ld, index_t n, index_t len) noexcept {
+/// Every element of n rows of `len` values, `ld` apart, is finite (no NaN,
+/// no Inf); the rows are of storage type S (T, or a 16-bit type).
+template <class Tr, class S>
+inline bool rows_finite(S const* x, index_t ld, index_t n, index_t len) noexcept {
   using T = typename Tr::value_type;
   using B = typename Tr::batch;
   using A = typename Tr::arch;
@@ -267,10 +271,10 @@ inline bool rows_finite(typename Tr::value_type const* x, index_t ld, index_t n,
   B acc(T(0));  // x * 0 is 0 for finite x, NaN for NaN and Inf
   bool finite = true;
   for (index_t j = 0; j < n; ++j) {
-    T const* r = x + j * ld;
+    S const* r = x + j * ld;
     index_t d = 0;
-    for (; d + w_v <= len; d += w_v) acc = simd::fma(simd::load<T, A>(r + d), B(T(0)), acc);
-    for (; d < len; ++d) finite = finite && std::isfinite(r[d]);
+    for (; d + w_v <= len; d += w_v) acc = simd::fma(load_stored<T, A>(r + d), B(T(0)), acc);
+    for (; d < len; ++d) finite = finite && std::isfinite(stored_value<T>(r[d]));
   }
   return finite && simd::reduce_add(acc) == T(0);
 }

@@ -134,25 +134,36 @@ void row_logits(attention_plan<T> const& p, E const& enc, index_t b, row_rows<Tr
 /// update, values. Leaves (max, sum, unnormalised output) per row in `st`.
 /// `Guard`: when the tile's V is not all finite, keys of probability 0 add
 /// nothing (0 * NaN would be NaN); see `guarded_rerun`.
-template <class Tr, bool Guard, class T, class E>
-void row_tile(attention_plan<T> const& p, view<const T> k, view<const T> v, E const& enc, index_t b, index_t hk,
+/// K and V are stored as KV: T, or a 16-bit type widened in registers as its
+/// rows are loaded (a tile rotated here is widened into the float key tile).
+template <class Tr, bool Guard, class T, class KV, class E>
+void row_tile(attention_plan<T> const& p, view<const KV> k, view<const KV> v, E const& enc, index_t b, index_t hk,
               row_rows<Tr> const& rr, index_t t0, index_t nk, rotation_ids const* rot, row_scratch<Tr> const& sc,
               row_state<T> st) noexcept {
   index_t const head_dim = p.head_dim, value_dim = p.value_dim;
-  T const* kt = k.ptr(b, t0, hk);
+  KV const* kt = k.ptr(b, t0, hk);
   index_t ldk = k.seq_stride;
+  [[maybe_unused]] T const* kw = nullptr;  // 16-bit KV: the rotated tile, widened
   if (rot && rot->k) {
     rotate_key_tile(p, k, enc, *rot, b, hk, t0, nk, sc.ktile);
-    kt = sc.ktile;
+    if constexpr (std::is_same_v<KV, T>)
+      kt = sc.ktile;
+    else
+      kw = sc.ktile;
     ldk = head_dim;
   }
-  T const* vt = v.ptr(b, t0, hk);
+  KV const* vt = v.ptr(b, t0, hk);
   bool const guarded = Guard && !rows_finite<Tr>(vt, v.seq_stride, nk, value_dim);
   // Scores of every row, each row's softmax update, then the values of every
   // row (each K and V row loaded once for all rows).
   auto rows = [&](index_t, auto n) {
     constexpr int ng_v = decltype(n)::value;
-    row_scores<Tr, ng_v>(rr.q, kt, ldk, nk, head_dim, sc.s);
+    if constexpr (std::is_same_v<KV, T>)
+      row_scores<Tr, ng_v>(rr.q, kt, ldk, nk, head_dim, sc.s);
+    else if (kw)
+      row_scores<Tr, ng_v>(rr.q, kw, ldk, nk, head_dim, sc.s);
+    else
+      row_scores<Tr, ng_v>(rr.q, kt, ldk, nk, head_dim, sc.s);
     T al[size_v<ng_v>];
     for (int g = 0; g < ng_v; ++g) {
       row_logits<Tr>(p, enc, b, rr, g, t0, nk, sc.s[g], sc.tmp);
@@ -190,8 +201,8 @@ void guarded_rerun(Run const& run, Finite const& finite) noexcept {
 
 /// Every key tile of rows [r0, r0 + ng) of (b, hk) over keys [j0, j1);
 /// `Guard` as in row_tile.
-template <class Tr, bool Guard, class T, class E>
-void row_item_tiles(attention_plan<T> const& p, view<const T> q, view<const T> k, view<const T> v, E const& enc,
+template <class Tr, bool Guard, class T, class KV, class E>
+void row_item_tiles(attention_plan<T> const& p, view<const T> q, view<const KV> k, view<const KV> v, E const& enc,
                     index_t b, index_t hk, index_t r0, index_t ng, index_t j0, index_t j1, rotation_ids const* rot,
                     row_scratch<Tr> const& sc, row_state<T> st) noexcept {
   constexpr index_t bk_v = Tr::block_kv_v;
@@ -212,8 +223,8 @@ void row_item_tiles(attention_plan<T> const& p, view<const T> q, view<const T> k
 
 /// Row kernel over rows [r0, r0 + ng) of (b, hk) and keys [j0, j1): leaves
 /// (max, sum, unnormalised output) per row in `st`.
-template <class Tr, class T, class E>
-void row_item(attention_plan<T> const& p, view<const T> q, view<const T> k, view<const T> v, E const& enc,
+template <class Tr, class T, class KV, class E>
+void row_item(attention_plan<T> const& p, view<const T> q, view<const KV> k, view<const KV> v, E const& enc,
               index_t b, index_t hk, index_t r0, index_t ng, index_t j0, index_t j1, rotation_ids const* rot,
               row_scratch<Tr> const& sc, row_state<T> st) noexcept {
   guarded_rerun([&](auto guard) {

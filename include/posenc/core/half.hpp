@@ -1,0 +1,62 @@
+// SPDX-License-Identifier: MIT
+// 16-bit storage element types (Eigen::half, Eigen::bfloat16): their format and one-element conversions.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "posenc/core/eigen.hpp"
+#include "posenc/core/simd.hpp"
+
+namespace posenc {
+
+/// True for the 16-bit element types K and V (and a kv_cache) may be stored
+/// in: Eigen::half (IEEE binary16) and Eigen::bfloat16. Compute stays float.
+template <class S>
+inline constexpr bool is_half_storage_v =
+    std::is_same_v<std::remove_const_t<S>, Eigen::half> || std::is_same_v<std::remove_const_t<S>, Eigen::bfloat16>;
+
+namespace detail {
+
+/// The simd::half_format of a 16-bit storage type S.
+template <class S>
+inline constexpr simd::half_format half_format_of_v = std::is_same_v<std::remove_const_t<S>, Eigen::bfloat16>
+                                                          ? simd::half_format::bfloat16
+                                                          : simd::half_format::binary16;
+
+/// The raw bits of a 16-bit storage pointer, for simd::load_widen / store_narrow.
+template <class S>
+inline std::uint16_t const* half_bits(S const* p) noexcept {
+  static_assert(sizeof(S) == 2, "posenc::detail::half_bits: a 16-bit storage type");
+  return reinterpret_cast<std::uint16_t const*>(p);
+}
+
+/// One stored element as T: unchanged for T itself, widened (exactly) for a 16-bit type.
+template <class T, class S>
+inline T stored_value(S x) noexcept {
+  if constexpr (is_half_storage_v<S>) {
+    return static_cast<T>(simd::widen<half_format_of_v<S>>(Eigen::numext::bit_cast<std::uint16_t>(x)));
+  } else {
+    return static_cast<T>(x);
+  }
+}
+
+/// `x` as storage type S: unchanged for float or double, rounded once to
+/// nearest even for a 16-bit type (simd::narrow).
+template <class S>
+inline S to_storage(float x) noexcept {
+  if constexpr (is_half_storage_v<S>) {
+    return Eigen::numext::bit_cast<S>(simd::narrow<half_format_of_v<S>>(x));
+  } else {
+    return static_cast<S>(x);
+  }
+}
+
+/// Copies n stored elements into T (widening 16-bit ones).
+template <class T, class S>
+inline void widen_row(S const* src, index_t n, T* dst) noexcept {
+  for (index_t d = 0; d < n; ++d) dst[d] = stored_value<T>(src[d]);
+}
+
+}  // namespace detail
+}  // namespace posenc

@@ -1,0 +1,329 @@
+// SPDX-License-Identifier: MIT
+// 16-bit K and V (Eigen::half, Eigen::bfloat16) with float q and out: fused and reference paths, and 16-bit kv_cache.
+#include <posenc/attention/attention.hpp>
+#include <posenc/attention/fused.hpp>
+#include <posenc/core/half.hpp>
+#include <posenc/encoding/alibi.hpp>
+#include <posenc/encoding/none.hpp>
+#include <posenc/encoding/rope.hpp>
+#include <posenc/encoding/t5_bias.hpp>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "support/catch.hpp"
+#include "support/random.hpp"
+#include "support/tolerance.hpp"
+
+using posenc::index_t;
+
+namespace {
+
+constexpr index_t W = posenc::simd::width<float>;
+
+/// Shapes of one case; buffers are BSHD (or BHSD) with `pad` elements after
+/// every row and a leading `offset` (strided, misaligned views).
+struct shape {
+  index_t B = 1, Sq = 1, Sk = 1, Hq = 1, Hkv = 1, D = 8, Dv = 8;
+  index_t pad = 0, offset = 0;
+  bool bhsd = false;
+};
+
+/// q in float; k and v drawn in float, rounded once to S and kept both as S
+/// and as the float values of those S (the same rounded inputs for the reference).
+template <class S>
+struct problem {
+  shape s;
+  std::vector<float> q, kf, vf;
+  std::vector<S> kh, vh;
+
+  problem(shape const& sh, std::uint64_t seed) : s(sh) {
+    q = posenc_test::random_vector<float>(static_cast<std::size_t>(extent(s.Sq, s.Hq, s.D)), seed, -2, 2);
+    kf = posenc_test::random_vector<float>(static_cast<std::size_t>(extent(s.Sk, s.Hkv, s.D)), seed + 1, -2, 2);
+    vf = posenc_test::random_vector<float>(static_cast<std::size_t>(extent(s.Sk, s.Hkv, s.Dv)), seed + 2);
+    round(kf, kh);
+    round(vf, vh);
+  }
+  static void round(std::vector<float>& f, std::vector<S>& h) {
+    h.resize(f.size());
+    for (std::size_t n = 0; n < f.size(); ++n) {
+      h[n] = posenc::detail::to_storage<S>(f[n]);
+      f[n] = posenc::detail::stored_value<float>(h[n]);
+    }
+  }
+  index_t extent(index_t seq, index_t heads, index_t dim) const {
+    return s.offset + s.B * (seq * heads * (dim + s.pad) + (seq + heads) * s.pad) + 8;
+  }
+  template <class U>
+  posenc::view<U> make(U* data, index_t seq, index_t heads, index_t dim) const {
+    index_t const hs = dim + s.pad;
+    posenc::view<U> x;
+    x.data = data + s.offset;
+    x.batch = s.B;
+    x.seq = seq;
+    x.heads = heads;
+    x.dim = dim;
+    if (s.bhsd) {
+      x.seq_stride = hs;
+      x.head_stride = seq * hs + s.pad;
+      x.batch_stride = heads * x.head_stride;
+    } else {
+      x.head_stride = hs;
+      x.seq_stride = heads * hs + s.pad;
+      x.batch_stride = seq * x.seq_stride;
+    }
+    return x;
+  }
+  posenc::view<const float> qv() const { return make<const float>(q.data(), s.Sq, s.Hq, s.D); }
+};
+
+/// Runs Path with k and v of element type KV (float: the rounded values;
+/// S: the 16-bit storage) into a fresh strided output; returns out + lse.
+template <class Path, class KV, class S, class E>
+std::vector<float> run(problem<S> const& pb, E const& enc, posenc::attention_options<float> opt) {
+  shape const& s = pb.s;
+  std::vector<float> out(static_cast<std::size_t>(pb.extent(s.Sq, s.Hq, s.Dv)), -7.0f);
+  std::vector<float> lse(static_cast<std::size_t>(s.B * s.Hq * s.Sq), -7.0f);
+  opt.lse = lse.data();
+  posenc::view<float> const o = pb.template make<float>(out.data(), s.Sq, s.Hq, s.Dv);
+  if constexpr (std::is_same_v<KV, float>)
+    posenc::attention<Path>(pb.qv(), pb.template make<const float>(pb.kf.data(), s.Sk, s.Hkv, s.D),
+                            pb.template make<const float>(pb.vf.data(), s.Sk, s.Hkv, s.Dv), o, enc, opt);
+  else
+    posenc::attention<Path>(pb.qv(), pb.template make<const S>(pb.kh.data(), s.Sk, s.Hkv, s.D),
+                            pb.template make<const S>(pb.vh.data(), s.Sk, s.Hkv, s.Dv), o, enc, opt);
+  out.insert(out.end(), lse.begin(), lse.end());
+  return out;
+}
+
+/// The rule of the tests: the 16-bit fused result against the double
+/// reference on the same rounded inputs, within 2x the error of a plain float
+/// implementation on the 16-bit inputs (+ atol); the padding of the strided
+/// output stays untouched. The reference reading 16-bit K and V equals the
+/// reference on their float values exactly, unless the call rotates the keys
+/// (`rounds_rotated_keys`: rotated 16-bit keys are rounded once more to 16
+/// bits, so only the 16-bit reference holds the same inputs).
+template <class S, class E>
+void check_agrees(problem<S> const& pb, E const& enc, posenc::attention_options<float> const& opt,
+                  std::string const& what, bool rounds_rotated_keys = false) {
+  auto const ref = run<posenc::path::reference, S>(pb, enc, opt);
+  auto const ref16 = rounds_rotated_keys ? ref : run<posenc::path::reference, float>(pb, enc, opt);
+  auto const plain = run<posenc_test::plain_path, S>(pb, enc, opt);
+  auto const got = run<posenc::path::fused, S>(pb, enc, opt);
+  auto const best = run<posenc::path::best, S>(pb, enc, opt);
+  auto const rep = posenc_test::within_tolerance(got, ref, plain, 1e-6);
+  INFO(what << ": " << rep.describe());
+  CHECK(rep.ok);
+  bool same_ref = true, same_best = true, untouched = true;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    same_ref = same_ref && (ref16[i] == ref[i] || (std::isnan(ref16[i]) && std::isnan(ref[i])));
+    same_best = same_best && (best[i] == got[i] || (std::isnan(best[i]) && std::isnan(got[i])));
+    // -7 marks elements no view covers: no path may write them.
+    if (ref[i] == -7.0f) untouched = untouched && got[i] == -7.0f;
+  }
+  CHECK(same_ref);
+  CHECK(same_best);
+  CHECK(untouched);
+}
+
+std::string describe(shape const& s) {
+  return "B" + std::to_string(s.B) + " Sq" + std::to_string(s.Sq) + " Sk" + std::to_string(s.Sk) + " Hq" +
+         std::to_string(s.Hq) + " Hkv" + std::to_string(s.Hkv) + " D" + std::to_string(s.D) + " Dv" +
+         std::to_string(s.Dv) + " pad" + std::to_string(s.pad) + " off" + std::to_string(s.offset) +
+         (s.bhsd ? " bhsd" : "");
+}
+
+/// Shapes around the vector width, the row group and the key tile (64).
+std::vector<shape> shapes() {
+  std::vector<shape> v;
+  v.push_back({1, 1, 1, 1, 1, 8, 8});
+  v.push_back({2, 1, 65, 8, 2, 2 * W, 2 * W, 0, 0});      // decode, GQA 8/2
+  v.push_back({1, 3, 64, 4, 4, W + 3, W - 1, 3, 1});      // head dims off the width, strided
+  v.push_back({2, 5, 130, 4, 1, 64, 64, 2, 3, true});     // BHSD, MQA, two tiles and a tail
+  v.push_back({1, 17, 63, 2, 2, W - 1, 2 * W + 1, 1, 0}); // prefill rows through the row kernel
+  v.push_back({1, 64, 64, 2, 1, 32, 32});                 // Sq == Sk prefill
+  return v;
+}
+
+template <class S>
+void check_all_options(char const* format) {
+  std::uint64_t seed = 100;
+  for (shape const& s : shapes()) {
+    ++seed;
+    problem<S> const pb(s, seed);
+    std::string const d = std::string(format) + " " + describe(s);
+    posenc::attention_options<float> opt;
+    check_agrees(pb, posenc::none{}, opt, d + " plain");
+    opt.causal = true;
+    check_agrees(pb, posenc::none{}, opt, d + " causal");
+    opt.sliding_window = 7;
+    check_agrees(pb, posenc::none{}, opt, d + " window 7");
+    opt.sliding_window = 0;
+    opt.causal = false;
+    opt.softcap = 5;
+    check_agrees(pb, posenc::none{}, opt, d + " softcap");
+    opt.softcap = 0;
+    std::vector<index_t> lens(static_cast<std::size_t>(s.B));
+    for (index_t b = 0; b < s.B; ++b) lens[static_cast<std::size_t>(b)] = std::max<index_t>(0, s.Sk - 1 - 7 * b);
+    opt.key_lengths = posenc::span<const index_t>(lens.data(), s.B);
+    check_agrees(pb, posenc::none{}, opt, d + " key_lengths");
+    opt.key_lengths = {};
+    opt.causal = seed % 2 == 0;
+    check_agrees(pb, posenc::alibi<float>(posenc::alibi_form::symmetric, s.Hq), opt, d + " alibi");
+    check_agrees(pb, posenc::t5_bias<float>(posenc::t5_bias_params{s.Hq, true, 32, 128}, seed, 0.5), opt,
+                 d + " t5");
+    if (s.D % 2 == 0) {
+      posenc::rope<float> rope(posenc::rope_layout::half_split, s.D);
+      check_agrees(pb, rope, opt, d + " rope (rotated copies)", true);
+      opt.keys_rotated = true;
+      check_agrees(pb, rope, opt, d + " rope, keys already rotated");
+      opt.keys_rotated = false;
+      rope.reserve(512);
+      check_agrees(pb, rope, opt, d + " rope (rotated in the kernel)", true);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("16-bit K and V agree with the reference on the same rounded inputs", "[half]") {
+  SECTION("binary16") { check_all_options<Eigen::half>("binary16"); }
+  SECTION("bfloat16") { check_all_options<Eigen::bfloat16>("bfloat16"); }
+}
+
+TEST_CASE("16-bit K and V: non-finite values and a fully masked row", "[half]") {
+  shape s{1, 2, 70, 2, 1, W, W};
+  problem<Eigen::half> pb(s, 7);
+  posenc::attention_options<float> opt;
+  opt.causal = true;
+  opt.q_positions = posenc::position_span(-1);  // row 0 sees no key: zeros, lse = -inf
+  // An Inf in V at a key no row sees adds nothing (probability 0).
+  pb.vh[static_cast<std::size_t>(69 * s.Dv)] = Eigen::half(INFINITY);
+  pb.vf[static_cast<std::size_t>(69 * s.Dv)] = INFINITY;
+  check_agrees(pb, posenc::none{}, opt, "inf in an unseen value");
+  auto const got = run<posenc::path::fused, Eigen::half>(pb, posenc::none{}, opt);
+  for (index_t d = 0; d < s.Dv; ++d) CHECK(got[static_cast<std::size_t>(d)] == 0.0f);
+}
+
+namespace {
+
+/// Float keys and values of `n` tokens (batch, n, Hkv, D).
+struct tokens {
+  std::vector<float> k, v;
+};
+
+template <class S>
+void check_cache(char const* format) {
+  index_t const B = 2, Hq = 8, Hkv = 2, D = 2 * W + 2, Dv = W, S0 = 37;
+  posenc::rope<float> rope(posenc::rope_layout::interleaved, D);
+  std::vector<float> k = posenc_test::random_vector<float>(static_cast<std::size_t>(B * S0 * Hkv * D), 11, -2, 2);
+  std::vector<float> v = posenc_test::random_vector<float>(static_cast<std::size_t>(B * S0 * Hkv * Dv), 12);
+  std::vector<float> q = posenc_test::random_vector<float>(static_cast<std::size_t>(B * S0 * Hq * D), 13, -2, 2);
+  auto kview = [&](index_t s0, index_t n) {
+    posenc::view<const float> x = posenc::make_bshd(static_cast<float const*>(k.data()), B, S0, Hkv, D);
+    x.data += s0 * x.seq_stride;
+    x.seq = n;
+    return x;
+  };
+  auto vview = [&](index_t s0, index_t n) {
+    posenc::view<const float> x = posenc::make_bshd(static_cast<float const*>(v.data()), B, S0, Hkv, Dv);
+    x.data += s0 * x.seq_stride;
+    x.seq = n;
+    return x;
+  };
+  auto qview = [&](index_t s0, index_t n) {
+    posenc::view<const float> x = posenc::make_bshd(static_cast<float const*>(q.data()), B, S0, Hq, D);
+    x.data += s0 * x.seq_stride;
+    x.seq = n;
+    return x;
+  };
+
+  // Prefill: one append of every token, one call over every query.
+  posenc::kv_cache<S> full(B, Hkv, D, Dv);
+  full.append(kview(0, S0), vview(0, S0), rope);
+  REQUIRE(full.keys_rotated());
+  // The keys are rotated in float and rounded once: the float cache's keys, narrowed.
+  posenc::kv_cache<float> wide(B, Hkv, D, Dv);
+  wide.append(kview(0, S0), vview(0, S0), rope);
+  bool once = true;
+  for (index_t b = 0; b < B; ++b)
+    for (index_t t = 0; t < S0; ++t)
+      for (index_t h = 0; h < Hkv; ++h)
+        for (index_t d = 0; d < D; ++d) {
+          S const want = posenc::detail::to_storage<S>(wide.keys()(b, t, h, d));
+          once = once && Eigen::numext::bit_cast<std::uint16_t>(want) ==
+                             Eigen::numext::bit_cast<std::uint16_t>(full.keys()(b, t, h, d));
+        }
+  CHECK(once);
+
+  posenc::attention_options<float> opt;
+  opt.causal = true;
+  std::vector<float> pre(static_cast<std::size_t>(B * S0 * Hq * Dv));
+  posenc::attention(qview(0, S0), full, posenc::make_bshd(pre.data(), B, S0, Hq, Dv), rope, opt);
+
+  // The reference on the float values of the cached 16-bit keys and values.
+  std::vector<float> kr(static_cast<std::size_t>(B * S0 * Hkv * D)), vr(static_cast<std::size_t>(B * S0 * Hkv * Dv));
+  for (index_t b = 0; b < B; ++b)
+    for (index_t t = 0; t < S0; ++t)
+      for (index_t h = 0; h < Hkv; ++h) {
+        posenc::detail::widen_row(full.keys().ptr(b, t, h), D, kr.data() + ((b * S0 + t) * Hkv + h) * D);
+        posenc::detail::widen_row(full.values().ptr(b, t, h), Dv, vr.data() + ((b * S0 + t) * Hkv + h) * Dv);
+      }
+  auto on_rounded = [&](auto path, std::vector<float>& out) {
+    posenc::attention_options<float> o = opt;
+    o.keys_rotated = true;
+    posenc::attention<decltype(path)>(qview(0, S0), posenc::make_bshd(static_cast<float const*>(kr.data()), B, S0, Hkv, D),
+                                      posenc::make_bshd(static_cast<float const*>(vr.data()), B, S0, Hkv, Dv),
+                                      posenc::make_bshd(out.data(), B, S0, Hq, Dv), rope, o);
+  };
+  std::vector<float> ref(pre.size()), plain(pre.size());
+  on_rounded(posenc::path::reference{}, ref);
+  on_rounded(posenc_test::plain_path{}, plain);
+  auto const rep = posenc_test::within_tolerance(pre, ref, plain, 1e-6);
+  INFO(format << " prefill over the 16-bit cache: " << rep.describe());
+  CHECK(rep.ok);
+
+  // Decode: token by token, each query over the cache so far == that prefill row.
+  posenc::kv_cache<S> step(B, Hkv, D, Dv);
+  std::vector<float> dec(pre.size());
+  for (index_t t = 0; t < S0; ++t) {
+    step.append(kview(t, 1), vview(t, 1), rope);
+    posenc::view<float> o = posenc::make_bshd(dec.data(), B, S0, Hq, Dv);
+    o.data += t * o.seq_stride;
+    o.seq = 1;
+    posenc::attention(qview(t, 1), step, o, rope);
+  }
+  auto const drep = posenc_test::within_tolerance(dec, ref, plain, 1e-6);
+  INFO(format << " decode == prefill: " << drep.describe());
+  CHECK(drep.ok);
+  float dmax = 0;
+  for (std::size_t n = 0; n < pre.size(); ++n) dmax = std::max(dmax, std::abs(dec[n] - pre[n]));
+  CHECK(dmax <= 1e-5f);
+}
+
+}  // namespace
+
+TEST_CASE("kv_cache<half> and kv_cache<bfloat16>: rotated keys rounded once, decode == prefill", "[half][kv_cache]") {
+  SECTION("binary16") { check_cache<Eigen::half>("binary16"); }
+  SECTION("bfloat16") { check_cache<Eigen::bfloat16>("bfloat16"); }
+}
+
+TEST_CASE("16-bit K and V: bad arguments throw before anything is written", "[half][errors]") {
+  shape s{1, 1, 4, 2, 1, 8, 8};
+  problem<Eigen::bfloat16> pb(s, 3);
+  std::vector<float> out(64, -7.0f);
+  posenc::view<float> o = pb.make<float>(out.data(), 1, 2, 8);
+  posenc::view<const Eigen::bfloat16> k = pb.make<const Eigen::bfloat16>(pb.kh.data(), 4, 1, 8);
+  posenc::view<const Eigen::bfloat16> v = pb.make<const Eigen::bfloat16>(pb.vh.data(), 3, 1, 8);
+  REQUIRE_THROWS_WITH(posenc::attention(pb.qv(), k, v, o, posenc::none{}),
+                      posenc_test::contains("posenc::attention: v.seq is 3, expected 4 (k.seq)"));
+  CHECK(out[0] == -7.0f);
+  posenc::kv_cache<Eigen::half> cache(1, 1, 8);
+  std::vector<float> kk(8, 1.0f);
+  posenc::view<const float> kv1 = posenc::make_bshd(static_cast<float const*>(kk.data()), 1, 1, 1, 8);
+  cache.append(kv1, kv1, posenc::none{});
+  posenc::rope<float> rope(posenc::rope_layout::half_split, 8);
+  REQUIRE_THROWS_WITH(posenc::attention(pb.qv(), cache, o, rope),
+                      posenc_test::contains("rotates_queries_keys is true, expected false"));
+}
