@@ -14,6 +14,7 @@
 
 #include "support/catch.hpp"
 #include "support/random.hpp"
+#include "support/strided_views.hpp"
 #include "support/tolerance.hpp"
 
 using posenc::index_t;
@@ -22,13 +23,7 @@ namespace {
 
 constexpr index_t W = posenc::simd::width<float>;
 
-/// Shapes of one case; buffers are BSHD (or BHSD) with `pad` elements after
-/// every row and a leading `offset` (strided, misaligned views).
-struct shape {
-  index_t B = 1, Sq = 1, Sk = 1, Hq = 1, Hkv = 1, D = 8, Dv = 8;
-  index_t pad = 0, offset = 0;
-  bool bhsd = false;
-};
+using posenc_test::shape;
 
 /// q in float; k and v drawn in float, rounded once to S and kept both as S
 /// and as the float values of those S (the same rounded inputs for the reference).
@@ -53,27 +48,11 @@ struct problem {
     }
   }
   index_t extent(index_t seq, index_t heads, index_t dim) const {
-    return s.offset + s.B * (seq * heads * (dim + s.pad) + (seq + heads) * s.pad) + 8;
+    return posenc_test::strided_extent(s, seq, heads, dim);
   }
   template <class U>
   posenc::view<U> make(U* data, index_t seq, index_t heads, index_t dim) const {
-    index_t const hs = dim + s.pad;
-    posenc::view<U> x;
-    x.data = data + s.offset;
-    x.batch = s.B;
-    x.seq = seq;
-    x.heads = heads;
-    x.dim = dim;
-    if (s.bhsd) {
-      x.seq_stride = hs;
-      x.head_stride = seq * hs + s.pad;
-      x.batch_stride = heads * x.head_stride;
-    } else {
-      x.head_stride = hs;
-      x.seq_stride = heads * hs + s.pad;
-      x.batch_stride = seq * x.seq_stride;
-    }
-    return x;
+    return posenc_test::strided_view(s, data, seq, heads, dim);
   }
   posenc::view<const float> qv() const { return make<const float>(q.data(), s.Sq, s.Hq, s.D); }
 };

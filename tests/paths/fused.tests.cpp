@@ -19,61 +19,17 @@
 #include <vector>
 
 #include "support/catch.hpp"
+#include "support/counting_new.hpp"
 #include "support/fake_encoders.hpp"
 #include "support/random.hpp"
+#include "support/strided_views.hpp"
 #include "support/tolerance.hpp"
 
-// Allocation counter for the "nothing grows with Sq x Sk" test: every
-// operator new of this executable adds its size while counting is on.
-namespace {
-std::atomic<bool> g_counting{false};
-std::atomic<long long> g_bytes{0};
-std::atomic<long long> g_largest{0};
-void note(std::size_t n) {
-  if (!g_counting.load(std::memory_order_relaxed)) return;
-  g_bytes += static_cast<long long>(n);
-  long long prev = g_largest.load();
-  while (static_cast<long long>(n) > prev && !g_largest.compare_exchange_weak(prev, static_cast<long long>(n))) {
-  }
-}
-// Out of line so that the compiler does not pair a visible malloc with delete.
-__attribute__((noinline)) void release(void* p) noexcept { std::free(p); }
-}  // namespace
-
-// The replacements below pair malloc with free; AddressSanitizer's own
-// new/delete bookkeeping would call that a mismatch.
-#if defined(__SANITIZE_ADDRESS__)
-#define POSENC_TEST_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define POSENC_TEST_ASAN 1
-#endif
-#endif
-#ifdef POSENC_TEST_ASAN
-extern "C" const char* __asan_default_options() { return "alloc_dealloc_mismatch=0"; }
-#endif
-
-void* operator new(std::size_t n) {
-  note(n);
-  if (void* p = std::malloc(n ? n : 1)) return p;
-  throw std::bad_alloc();
-}
-void* operator new[](std::size_t n) { return operator new(n); }
-void* operator new(std::size_t n, std::align_val_t a) {
-  note(n);
-  std::size_t const al = static_cast<std::size_t>(a);
-  if (void* p = std::aligned_alloc(al, (n + al - 1) / al * al)) return p;
-  throw std::bad_alloc();
-}
-void* operator new[](std::size_t n, std::align_val_t a) { return operator new(n, a); }
-void operator delete(void* p) noexcept { release(p); }
-void operator delete[](void* p) noexcept { release(p); }
-void operator delete(void* p, std::size_t) noexcept { release(p); }
-void operator delete[](void* p, std::size_t) noexcept { release(p); }
-void operator delete(void* p, std::align_val_t) noexcept { release(p); }
-void operator delete[](void* p, std::align_val_t) noexcept { release(p); }
-void operator delete(void* p, std::size_t, std::align_val_t) noexcept { release(p); }
-void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { release(p); }
+// Allocation counter (tests/support/counting_new.hpp replaces operator new here).
+using posenc_test::g_allocations;
+using posenc_test::g_bytes;
+using posenc_test::g_counting;
+using posenc_test::g_largest;
 
 
 using posenc::index_t;
@@ -83,13 +39,7 @@ namespace {
 constexpr index_t W = posenc::simd::width<float>;
 using tile = posenc::detail::fused_default_traits<float>;
 
-/// Shapes and options of one case. Buffers are BSHD with optional padding
-/// between heads/rows and a leading offset (misaligned, strided views).
-struct shape {
-  index_t B = 1, Sq = 1, Sk = 1, Hq = 1, Hkv = 1, D = 8, Dv = 8;
-  index_t pad = 0, offset = 0;
-  bool bhsd = false;
-};
+using posenc_test::shape;
 
 template <class T>
 struct buffers {
@@ -106,29 +56,11 @@ struct buffers {
     v = posenc_test::random_vector<T>(static_cast<std::size_t>(extent(s.Sk, s.Hkv, s.Dv)), seed + 2);
   }
   index_t extent(index_t seq, index_t heads, index_t dim) const {
-    // Covers make()'s strides for both layouts (the pad after every row and
-    // after every token or head block, in every batch entry).
-    return s.offset + s.B * (seq * heads * (dim + s.pad) + (seq + heads) * s.pad) + 8;
+    return posenc_test::strided_extent(s, seq, heads, dim);
   }
   template <class U>
   posenc::view<U> make(U* data, index_t seq, index_t heads, index_t dim) const {
-    index_t const hs = dim + s.pad;
-    posenc::view<U> x;
-    x.data = data + s.offset;
-    x.batch = s.B;
-    x.seq = seq;
-    x.heads = heads;
-    x.dim = dim;
-    if (s.bhsd) {
-      x.seq_stride = hs;
-      x.head_stride = seq * hs + s.pad;
-      x.batch_stride = heads * x.head_stride;
-    } else {
-      x.head_stride = hs;
-      x.seq_stride = heads * hs + s.pad;
-      x.batch_stride = seq * x.seq_stride;
-    }
-    return x;
+    return posenc_test::strided_view(s, data, seq, heads, dim);
   }
   posenc::view<const T> qv() const { return make<const T>(q.data(), s.Sq, s.Hq, s.D); }
   posenc::view<const T> kv() const { return make<const T>(k.data(), s.Sk, s.Hkv, s.D); }

@@ -20,53 +20,15 @@
 
 #include "support/backward_check.hpp"
 #include "support/catch.hpp"
+#include "support/counting_new.hpp"
 #include "support/random.hpp"
 #include "support/tolerance.hpp"
 
-// Allocation counter for the "nothing grows with Sq x Sk" test: every
-// operator new of this executable adds its size while counting is on.
-namespace {
-std::atomic<bool> g_counting{false};
-std::atomic<long long> g_bytes{0};
-void note(std::size_t n) {
-  if (g_counting.load(std::memory_order_relaxed)) g_bytes += static_cast<long long>(n);
-}
-// Out of line so that the compiler does not pair a visible malloc with delete.
-__attribute__((noinline)) void release(void* p) noexcept { std::free(p); }
-}  // namespace
-
-#if defined(__SANITIZE_ADDRESS__)
-#define POSENC_TEST_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define POSENC_TEST_ASAN 1
-#endif
-#endif
-#ifdef POSENC_TEST_ASAN
-extern "C" const char* __asan_default_options() { return "alloc_dealloc_mismatch=0"; }
-#endif
-
-void* operator new(std::size_t n) {
-  note(n);
-  if (void* p = std::malloc(n ? n : 1)) return p;
-  throw std::bad_alloc();
-}
-void* operator new[](std::size_t n) { return operator new(n); }
-void* operator new(std::size_t n, std::align_val_t a) {
-  note(n);
-  std::size_t const al = static_cast<std::size_t>(a);
-  if (void* p = std::aligned_alloc(al, (n + al - 1) / al * al)) return p;
-  throw std::bad_alloc();
-}
-void* operator new[](std::size_t n, std::align_val_t a) { return operator new(n, a); }
-void operator delete(void* p) noexcept { release(p); }
-void operator delete[](void* p) noexcept { release(p); }
-void operator delete(void* p, std::size_t) noexcept { release(p); }
-void operator delete[](void* p, std::size_t) noexcept { release(p); }
-void operator delete(void* p, std::align_val_t) noexcept { release(p); }
-void operator delete[](void* p, std::align_val_t) noexcept { release(p); }
-void operator delete(void* p, std::size_t, std::align_val_t) noexcept { release(p); }
-void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { release(p); }
+// Allocation counter (tests/support/counting_new.hpp replaces operator new here).
+using posenc_test::g_allocations;
+using posenc_test::g_bytes;
+using posenc_test::g_counting;
+using posenc_test::g_largest;
 
 using namespace posenc;
 using posenc_test::attention_problem;
