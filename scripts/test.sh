@@ -19,10 +19,11 @@ cmake --build build/release -j "$jobs"
 
 echo "== Debug + ASan + UBSan"
 san="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
-# Tests only (the examples run in the Release build), with line tables (-g1) instead of
-# full debug information: enough for the sanitizers' stack traces, and a faster build.
+# Tests only (the examples, the ISA builds and the header-alone compiles run in the Release
+# build), with line tables (-g1) instead of full debug information: enough for the
+# sanitizers' stack traces, and a faster build.
 cmake -S . -B build/asan -DCMAKE_BUILD_TYPE=Debug -DPOSENC_BUILD_TESTS=ON -DPOSENC_BUILD_BENCH=OFF \
-  -DPOSENC_BUILD_EXAMPLES=OFF -DPOSENC_PACKAGING_TESTS=OFF -DPOSENC_ISA_TESTS=OFF \
+  -DPOSENC_BUILD_EXAMPLES=OFF -DPOSENC_PACKAGING_TESTS=OFF -DPOSENC_ISA_TESTS=OFF -DPOSENC_HEADER_TESTS=OFF \
   -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1" -DCMAKE_CXX_FLAGS="$san" -DCMAKE_EXE_LINKER_FLAGS="$san" >/dev/null
 cmake --build build/asan -j "$jobs"
 (cd build/asan && UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=halt_on_error=1:detect_leaks=1 \
