@@ -48,13 +48,11 @@ inline constexpr index_t block_keys_v = 64;
 template <class T>
 struct tile_scratch {
   // 64-byte aligned: the tiles' rows are whole vectors, loaded without crossing a cache line.
-  aligned_buffer<T> s, th, dp, pt, dst, tmp, dpt, dk, dv, kt, vt;
+  aligned_buffer<T> s, th, dp, tmp, dpt, dk, dv, kt, vt;
   tile_scratch(index_t head_dim, index_t value_dim)
       : s(block_rows_v * block_keys_v),
         th(block_rows_v * block_keys_v),
         dp(block_rows_v * block_keys_v),
-        pt(block_rows_v * block_keys_v),
-        dst(block_rows_v * block_keys_v),
         tmp(block_keys_v),
         dpt(block_keys_v),
         dk(block_keys_v * head_dim),
@@ -266,49 +264,41 @@ void tile_row_gradient(attention_plan<T> const& p, backward_views<T> const& io, 
 
 /// The three accumulating products of one (row block, keys j0 .. j0 + nk - 1): dV += P^T dO and
 /// dK += dS^T Q into the tile accumulators from key `off` of the tile on, dQ += dS K into dq_rows.
+/// P and dS are read by column for the first two (no transposed copies).
 template <class Tr, class T>
 void tile_products(backward_views<T> const& io, index_t b, index_t h, index_t hk, index_t i0, index_t nr,
                    index_t j0, index_t nk, index_t D, index_t Dv, tile_scratch<T>& sc, T* dq_rows,
                    bool keys_finite, bool rows_finite, index_t off) noexcept {
-  constexpr int NG = static_cast<int>(Tr::row_group_v);
-  T const* pt = sc.pt.data();
-  T const* dst = sc.dst.data();
-  // P^T and dS^T, keys by rows.
-  for (index_t r = 0; r < nr; ++r) {
-    T const* pr = sc.s.data() + r * block_keys_v;
-    T const* dr = sc.dp.data() + r * block_keys_v;
-    for (index_t t = 0; t < nk; ++t) {
-      sc.pt[t * block_rows_v + r] = pr[t];
-      sc.dst[t * block_rows_v + r] = dr[t];
-    }
-  }
+  constexpr int NG = product_rows_v<Tr>;
+  T const* const prob = sc.s.data();
+  T const* const ds = sc.dp.data();
   fused::row_blocks<NG>(nk, [&](index_t t0, auto ng) {
     constexpr int G = decltype(ng)::value;
     T const* pr[static_cast<std::size_t>(G)];
     T const* dr[static_cast<std::size_t>(G)];
     for (int g = 0; g < G; ++g) {
-      pr[g] = pt + (t0 + g) * block_rows_v;
-      dr[g] = dst + (t0 + g) * block_rows_v;
+      pr[g] = prob + t0 + g;  // column t0 + g of P: stride block_keys_v over the rows
+      dr[g] = ds + t0 + g;
     }
     T* const dv = sc.dv.data() + (off + t0) * Dv;
     T* const dk = sc.dk.data() + (off + t0) * D;
     if (rows_finite) {
-      add_row_products<Tr, G>(pr, io.dout.ptr(b, i0, h), io.dout.seq_stride, nr, Dv, dv);
-      add_row_products<Tr, G>(dr, io.q.ptr(b, i0, h), io.q.seq_stride, nr, D, dk);
+      add_row_products<Tr, G>(pr, block_keys_v, io.dout.ptr(b, i0, h), io.dout.seq_stride, nr, Dv, dv);
+      add_row_products<Tr, G>(dr, block_keys_v, io.q.ptr(b, i0, h), io.q.seq_stride, nr, D, dk);
     } else {  // a row with NaN or Inf in q or dO that sees no key of the tile adds nothing
-      add_row_products<Tr, G, true>(pr, io.dout.ptr(b, i0, h), io.dout.seq_stride, nr, Dv, dv);
-      add_row_products<Tr, G, true>(dr, io.q.ptr(b, i0, h), io.q.seq_stride, nr, D, dk);
+      add_row_products<Tr, G, true>(pr, block_keys_v, io.dout.ptr(b, i0, h), io.dout.seq_stride, nr, Dv, dv);
+      add_row_products<Tr, G, true>(dr, block_keys_v, io.q.ptr(b, i0, h), io.q.seq_stride, nr, D, dk);
     }
   });
   T const* kt = io.k.ptr(b, j0, hk);
   fused::row_blocks<NG>(nr, [&](index_t r0, auto ng) {
     constexpr int G = decltype(ng)::value;
     T const* dr[static_cast<std::size_t>(G)];
-    for (int g = 0; g < G; ++g) dr[g] = sc.dp.data() + (r0 + g) * block_keys_v;
+    for (int g = 0; g < G; ++g) dr[g] = ds + (r0 + g) * block_keys_v;
     if (keys_finite)
-      add_row_products<Tr, G>(dr, kt, io.k.seq_stride, nk, D, dq_rows + r0 * D);
+      add_row_products<Tr, G>(dr, 1, kt, io.k.seq_stride, nk, D, dq_rows + r0 * D);
     else  // a key with NaN or Inf (masked) adds nothing where its dS is 0
-      add_row_products<Tr, G, true>(dr, kt, io.k.seq_stride, nk, D, dq_rows + r0 * D);
+      add_row_products<Tr, G, true>(dr, 1, kt, io.k.seq_stride, nk, D, dq_rows + r0 * D);
   });
 }
 
