@@ -81,8 +81,9 @@ void check_fused(attention_problem<T>& p, E const& enc, G const& g0, std::string
 
 TEST_CASE("fused backward: sizes around every tile and vector width", "[fused][backward]") {
   index_t const w = simd::width<float>;
-  std::vector<index_t> lengths = {1, w - 1, w, w + 1, 63, 64, 65, 129};
-  std::vector<index_t> dims = {1, w - 1, w, w + 1, 2 * w + 3};
+  // 5, 6, 7, 12, 13: around the six-row register tiles of the products; 4w, 4w + 1: their four-vector chunks.
+  std::vector<index_t> lengths = {1, 5, 6, 7, 12, 13, w - 1, w, w + 1, 63, 64, 65, 129};
+  std::vector<index_t> dims = {1, w - 1, w, w + 1, 2 * w + 3, 4 * w, 4 * w + 1};
   std::uint64_t seed = 1000;
   for (index_t sq : lengths)
     for (index_t sk : {index_t{1}, index_t{2}, w + 1, index_t{64}, index_t{65}, sq})

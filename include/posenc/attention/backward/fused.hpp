@@ -48,7 +48,7 @@ inline constexpr index_t block_keys_v = 64;
 template <class T>
 struct tile_scratch {
   // 64-byte aligned: the tiles' rows are whole vectors, loaded without crossing a cache line.
-  aligned_buffer<T> s, th, dp, tmp, dpt, dk, dv, kt, vt;
+  aligned_buffer<T> s, th, dp, tmp, dpt, dk, dv, kt, vt, qb, ob, kr;
   tile_scratch(index_t head_dim, index_t value_dim)
       : s(block_rows_v * block_keys_v),
         th(block_rows_v * block_keys_v),
@@ -58,7 +58,10 @@ struct tile_scratch {
         dk(block_keys_v * head_dim),
         dv(block_keys_v * value_dim),
         kt((head_dim + 1) * block_keys_v),  // one row more: reads past a sub-range
-        vt((value_dim + 1) * block_keys_v) {}
+        vt((value_dim + 1) * block_keys_v),
+        qb(block_rows_v * head_dim),
+        ob(block_rows_v * value_dim),
+        kr(block_keys_v * head_dim) {}
 };
 
 /// The union [first, last) of the keys of [j0, j1) that rows i0 .. i0 + nr - 1 may see (ignoring masks).
@@ -74,6 +77,13 @@ key_range block_key_range(attention_plan<T> const& p, index_t b, index_t i0, ind
   }
   if (u.last < u.first) u.last = u.first;
   return u;
+}
+
+/// n rows of `len` values (`ld` apart) packed `len` apart into xp: the rows of a block or tile, which
+/// are a head's stride apart in the views (often a multiple of 4 KiB, so they would share L1 sets).
+template <class T>
+void pack_rows(T const* x, index_t ld, index_t n, index_t len, T* xp) noexcept {
+  for (index_t t = 0; t < n; ++t) std::copy(x + t * ld, x + t * ld + len, xp + t * len);
 }
 
 /// x^T of n rows of `len` values (`ld` apart) into xt[len][block_keys_v]; columns n .. of each
@@ -124,31 +134,31 @@ POSENC_ALWAYS_INLINE void lane_scores(typename Tr::value_type const* const* xr, 
   for (; c0 < padded; c0 += w_v) chunk(c0, std::integral_constant<int, 1>{});
 }
 
-/// s[r][0 .. nk) = x_r . y_t for rows x_r = x.ptr(b, i0 + r, h), r < nr, and the keys of yt (transposed,
+/// s[r][0 .. nk) = x_r . y_t for rows x_r = x + r * ldx, r < nr, and the keys of yt (transposed,
 /// len x block_keys_v), in groups of row_group_v rows.
 template <class Tr, class T>
-void block_products(view<const T> const& x, index_t b, index_t h, index_t i0, index_t nr, T const* yt, index_t nk,
-                    index_t len, T* s) noexcept {
+void block_products(T const* x, index_t ldx, index_t nr, T const* yt, index_t nk, index_t len, T* s) noexcept {
   fused::row_blocks<static_cast<int>(Tr::row_group_v)>(nr, [&](index_t r0, auto ng) {
     constexpr int NG = decltype(ng)::value;
     T const* xr[static_cast<std::size_t>(NG)];
     T* sr[static_cast<std::size_t>(NG)];
     for (int g = 0; g < NG; ++g) {
-      xr[g] = x.ptr(b, i0 + r0 + g, h);
+      xr[g] = x + (r0 + g) * ldx;
       sr[g] = s + (r0 + g) * block_keys_v;
     }
     lane_scores<Tr, NG>(xr, yt, nk, len, sr);
   });
 }
 
-/// Scores of rows i0 .. i0 + nr - 1 (head h) for keys j0 .. j0 + nk - 1 (transposed in kt) into
+/// Scores of rows i0 .. i0 + nr - 1 (head h; their q at qr, ldq apart) for keys j0 .. j0 + nk - 1 (transposed in kt) into
 /// s[r * block_keys_v + t], formed as the forward pass forms them (scaled, Shaw, softcap with tanh
 /// kept in th, bias, masks).
 template <class Tr, class T, class E>
 void tile_scores(attention_plan<T> const& p, backward_views<T> const& io, E const& enc, index_t b, index_t h,
-                 index_t i0, index_t nr, index_t j0, index_t nk, T const* kt, T* s, T* th, T* tmp) noexcept {
+                 index_t i0, index_t nr, T const* qr, index_t ldq, index_t j0, index_t nk, T const* kt, T* s, T* th,
+                 T* tmp) noexcept {
   using traits = encoder_traits<E>;
-  block_products<Tr>(io.q, b, h, i0, nr, kt, nk, p.head_dim, s);
+  block_products<Tr>(qr, ldq, nr, kt, nk, p.head_dim, s);
   T const scale = static_cast<T>(p.scale), cap = static_cast<T>(p.softcap);
   for (index_t r = 0; r < nr; ++r) {
     index_t const i = i0 + r;
@@ -183,9 +193,11 @@ void row_statistics(attention_plan<T> const& p, backward_views<T> const& io, E c
   for (index_t i = 0; i < Sq; ++i) {
     T const* o = io.out.ptr(b, i, h);
     T const* d = io.dout.ptr(b, i, h);
-    double acc = 0;  // in double: Delta cancels dP where few keys are visible (one key: dS = 0)
-    for (index_t e = 0; e < Dv; ++e) acc += static_cast<double>(o[e]) * static_cast<double>(d[e]);
-    delta_out[i] = static_cast<T>(acc);
+    // The FMAs of dP = dO V^T (lane_scores) in the same order: where a row sees one key, O is that
+    // key's value and Delta equals its dP bit for bit, so dS is exactly 0 as it should be.
+    T acc = 0;
+    for (index_t e = 0; e < Dv; ++e) acc = std::fma(d[e], o[e], acc);
+    delta_out[i] = acc;
   }
   if (p.lse) {
     for (index_t i = 0; i < Sq; ++i) lse_out[i] = p.lse[(b * p.q_heads + h) * Sq + i];
@@ -200,7 +212,8 @@ void row_statistics(attention_plan<T> const& p, backward_views<T> const& io, E c
     for (index_t j0 = u.first; j0 < u.last; j0 += block_keys_v) {
       index_t const nk = std::min(block_keys_v, u.last - j0);
       transpose_tile<Tr>(io.k.ptr(b, j0, p.kv_head(h)), io.k.seq_stride, nk, p.head_dim, sc.kt.data());
-      tile_scores<Tr>(p, io, enc, b, h, i0, nr, j0, nk, sc.kt.data(), sc.s.data(), sc.th.data(), sc.tmp.data());
+      tile_scores<Tr>(p, io, enc, b, h, i0, nr, io.q.ptr(b, i0, h), io.q.seq_stride, j0, nk, sc.kt.data(),
+                      sc.s.data(), sc.th.data(), sc.tmp.data());
       for (index_t r = 0; r < nr; ++r) {
         T const* row = sc.s.data() + r * block_keys_v;
         T mt = m[r];
@@ -262,13 +275,13 @@ void tile_row_gradient(attention_plan<T> const& p, backward_views<T> const& io, 
   for (index_t t = 0; t < nk; ++t) dp[t] *= scale;
 }
 
-/// The three accumulating products of one (row block, keys j0 .. j0 + nk - 1): dV += P^T dO and
+/// The three accumulating products of one (row block, nk keys): dV += P^T dO and
 /// dK += dS^T Q into the tile accumulators from key `off` of the tile on, dQ += dS K into dq_rows.
-/// P and dS are read by column for the first two (no transposed copies).
+/// P and dS are read by column for the first two (no transposed copies); q, dO and k rows come packed
+/// (sc.qb, sc.ob, and sc.kr from key `off` on).
 template <class Tr, class T>
-void tile_products(backward_views<T> const& io, index_t b, index_t h, index_t hk, index_t i0, index_t nr,
-                   index_t j0, index_t nk, index_t D, index_t Dv, tile_scratch<T>& sc, T* dq_rows,
-                   bool keys_finite, bool rows_finite, index_t off) noexcept {
+void tile_products(index_t nr, index_t nk, index_t D, index_t Dv, tile_scratch<T>& sc, T* dq_rows, bool keys_finite,
+                   bool rows_finite, index_t off) noexcept {
   constexpr int NG = product_rows_v<Tr>;
   T const* const prob = sc.s.data();
   T const* const ds = sc.dp.data();
@@ -283,22 +296,22 @@ void tile_products(backward_views<T> const& io, index_t b, index_t h, index_t hk
     T* const dv = sc.dv.data() + (off + t0) * Dv;
     T* const dk = sc.dk.data() + (off + t0) * D;
     if (rows_finite) {
-      add_row_products<Tr, G>(pr, block_keys_v, io.dout.ptr(b, i0, h), io.dout.seq_stride, nr, Dv, dv);
-      add_row_products<Tr, G>(dr, block_keys_v, io.q.ptr(b, i0, h), io.q.seq_stride, nr, D, dk);
+      add_row_products<Tr, G>(pr, block_keys_v, sc.ob.data(), Dv, nr, Dv, dv);
+      add_row_products<Tr, G>(dr, block_keys_v, sc.qb.data(), D, nr, D, dk);
     } else {  // a row with NaN or Inf in q or dO that sees no key of the tile adds nothing
-      add_row_products<Tr, G, true>(pr, block_keys_v, io.dout.ptr(b, i0, h), io.dout.seq_stride, nr, Dv, dv);
-      add_row_products<Tr, G, true>(dr, block_keys_v, io.q.ptr(b, i0, h), io.q.seq_stride, nr, D, dk);
+      add_row_products<Tr, G, true>(pr, block_keys_v, sc.ob.data(), Dv, nr, Dv, dv);
+      add_row_products<Tr, G, true>(dr, block_keys_v, sc.qb.data(), D, nr, D, dk);
     }
   });
-  T const* kt = io.k.ptr(b, j0, hk);
+  T const* kt = sc.kr.data() + off * D;
   fused::row_blocks<NG>(nr, [&](index_t r0, auto ng) {
     constexpr int G = decltype(ng)::value;
     T const* dr[static_cast<std::size_t>(G)];
     for (int g = 0; g < G; ++g) dr[g] = ds + (r0 + g) * block_keys_v;
     if (keys_finite)
-      add_row_products<Tr, G>(dr, 1, kt, io.k.seq_stride, nk, D, dq_rows + r0 * D);
+      add_row_products<Tr, G>(dr, 1, kt, D, nk, D, dq_rows + r0 * D);
     else  // a key with NaN or Inf (masked) adds nothing where its dS is 0
-      add_row_products<Tr, G, true>(dr, 1, kt, io.k.seq_stride, nk, D, dq_rows + r0 * D);
+      add_row_products<Tr, G, true>(dr, 1, kt, D, nk, D, dq_rows + r0 * D);
   });
 }
 
@@ -318,6 +331,7 @@ void key_chunk(attention_plan<T> const& p, backward_views<T> const& io, E const&
     bool const keys_finite = fused::rows_finite<Tr>(io.k.ptr(b, j0, hk), io.k.seq_stride, nk, D);
     transpose_tile<Tr>(io.k.ptr(b, j0, hk), io.k.seq_stride, nk, D, sc.kt.data());
     transpose_tile<Tr>(io.v.ptr(b, j0, hk), io.v.seq_stride, nk, Dv, sc.vt.data());
+    pack_rows(io.k.ptr(b, j0, hk), io.k.seq_stride, nk, D, sc.kr.data());
     for (index_t h = h0; h < h_end; ++h) {
       T const* lse_h = lse + (b * p.q_heads + h) * Sq;
       T const* delta_h = delta + (b * p.q_heads + h) * Sq;
@@ -327,9 +341,11 @@ void key_chunk(attention_plan<T> const& p, backward_views<T> const& io, E const&
         key_range const u = block_key_range(p, b, i0, nr, j0, j0 + nk);
         if (u.empty()) continue;  // no row of the block sees a key of the tile
         index_t const k0 = u.first, nu = u.last - u.first;
-        tile_scores<Tr>(p, io, enc, b, h, i0, nr, k0, nu, sc.kt.data() + (k0 - j0), sc.s.data(), sc.th.data(),
-                        sc.tmp.data());
-        block_products<Tr>(io.dout, b, h, i0, nr, sc.vt.data() + (k0 - j0), nu, Dv, sc.dp.data());  // dP = dO V^T
+        pack_rows(io.q.ptr(b, i0, h), io.q.seq_stride, nr, D, sc.qb.data());
+        pack_rows(io.dout.ptr(b, i0, h), io.dout.seq_stride, nr, Dv, sc.ob.data());
+        tile_scores<Tr>(p, io, enc, b, h, i0, nr, sc.qb.data(), D, k0, nu, sc.kt.data() + (k0 - j0), sc.s.data(),
+                        sc.th.data(), sc.tmp.data());
+        block_products<Tr>(sc.ob.data(), Dv, nr, sc.vt.data() + (k0 - j0), nu, Dv, sc.dp.data());  // dP = dO V^T
         for (index_t r = 0; r < nr; ++r) {
           T* prob = sc.s.data() + r * block_keys_v;
           tile_probabilities<Tr>(prob, nu, lse_h[i0 + r]);
@@ -340,8 +356,7 @@ void key_chunk(attention_plan<T> const& p, backward_views<T> const& io, E const&
         // The products write keys k0 - j0 onward of the tile accumulators.
         bool const rows_finite = fused::rows_finite<Tr>(io.q.ptr(b, i0, h), io.q.seq_stride, nr, D) &&
                                  fused::rows_finite<Tr>(io.dout.ptr(b, i0, h), io.dout.seq_stride, nr, Dv);
-        tile_products<Tr>(io, b, h, hk, i0, nr, k0, nu, D, Dv, sc, dq_h + i0 * D, keys_finite, rows_finite,
-                          k0 - j0);
+        tile_products<Tr>(nr, nu, D, Dv, sc, dq_h + i0 * D, keys_finite, rows_finite, k0 - j0);
       }
     }
     for (index_t t = 0; t < nk; ++t) {
