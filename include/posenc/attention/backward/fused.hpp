@@ -9,7 +9,8 @@
 //      and Delta_i = dO_i . O_i. Tasks: (batch entry, query head).
 //   2. Tasks (batch entry, kv head, key chunk): a task owns the dk and dv rows
 //      of its chunk. For each key tile of the chunk it sweeps every query row
-//      of every query head of the group in blocks: scores (tile_scores, the
+//      of every query head of the group in blocks (its q, dO rows and the
+//      tile's k rows packed contiguously first): scores (tile_scores, the
 //      forward pass's terms, softcap, bias and masks), P = exp(S - lse), dP =
 //      dO V^T (+ Shaw's value term), dS = P (dP - Delta), the encoder's bias and
 //      score hooks, the softcap derivative, then dV += P^T dO, dK += dS^T Q and
