@@ -384,6 +384,15 @@ void lane_widen_tile(lane_item_context<Tr, E, KV> const& c, lane_scratch<Tr> con
   widen_tile<T, A>(c.v.ptr(c.b, t0, c.hk), c.v.seq_stride, nk, p.value_dim, sc.vtile, p.value_dim);
 }
 
+/// Distance between the value rows the tile steps read: V itself, or vtile.
+template <class Tr, class E, class KV>
+POSENC_ALWAYS_INLINE index_t lane_value_stride(lane_item_context<Tr, E, KV> const& c) noexcept {
+  if constexpr (std::is_same_v<KV, typename Tr::value_type>)
+    return c.v.seq_stride;
+  else
+    return c.p.value_dim;
+}
+
 /// Every tile of blocks [0, nb) of an item: scores, terms, softmax update,
 /// values. `Guard`: in tiles whose V is not all finite, keys of probability 0
 /// add nothing (0 * NaN would be NaN).
@@ -399,15 +408,15 @@ void lane_item_tiles(lane_item_context<Tr, E, KV> const& c, lane_scratch<Tr> con
   index_t const t_begin = span.first >= span.last ? 0 : span.first / bk_v * bk_v;
   for (index_t t0 = t_begin; t0 < span.last; t0 += bk_v) {
     index_t const nk = std::min(bk_v, span.last - t0);
-    T const* kt = nullptr;  // 16-bit KV: set when the tile is widened (lane_widen_tile)
+    // K and V of T are read in place; 16-bit ones from ktile and vtile once
+    // widened (kt stays null until then, see lane_widen_tile).
+    T const* kt = nullptr;
     index_t ldk = head_dim;
     T const* vt = sc.vtile;
-    index_t ldv = p.value_dim;
-    if constexpr (std::is_same_v<KV, T>) {  // read in place
+    if constexpr (std::is_same_v<KV, T>) {
       kt = c.k.ptr(c.b, t0, c.hk);
       ldk = c.k.seq_stride;
       vt = c.v.ptr(c.b, t0, c.hk);
-      ldv = c.v.seq_stride;
     }
     // The tile's keys at consecutive positions (once per tile, for every block).
     bool const diagonal_ready = c.diagonal_bias && keys_consecutive(p, c.b, t0, nk);
@@ -433,8 +442,8 @@ void lane_item_tiles(lane_item_context<Tr, E, KV> const& c, lane_scratch<Tr> con
       logit.tp = tp;
       logit.nk = nk;
       lane_softmax_update<Tr>(sc.st, bq_v, tp.keys, nvec, bb.m, bb.l, bb.alpha, logit);
-      if (Guard && v_finite < 0) v_finite = rows_finite<Tr>(vt, ldv, nk, p.value_dim) ? 1 : 0;
-      lane_tile_values<Tr>(vt, ldv, tp.keys, p.value_dim, sc.st, nvec, bb.alpha, bb.ot, v_finite == 0);
+      if (Guard && v_finite < 0) v_finite = rows_finite<Tr>(vt, lane_value_stride(c), nk, p.value_dim) ? 1 : 0;
+      lane_tile_values<Tr>(vt, lane_value_stride(c), tp.keys, p.value_dim, sc.st, nvec, bb.alpha, bb.ot, v_finite == 0);
     }
   }
 }
