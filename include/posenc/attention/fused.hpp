@@ -9,7 +9,8 @@
 //
 //   traits.hpp         tile constants, derived and checked once
 //   scratch.hpp        per-thread scratch from one description, bounds-checked
-//   storage.hpp        K and V loads: T as it is, 16-bit rows widened in registers
+//   storage.hpp        K and V loads: T as it is, 16-bit rows widened in registers,
+//                      16-bit tiles widened into scratch (lane kernel)
 //   micro_kernels.hpp  register tiles of q.k and p v, for both layouts
 //   softmax.hpp        online softmax (lane and row layouts), normalisation
 //   tile_plan.hpp      what a key tile is for a query block: one enum, one function
