@@ -183,6 +183,50 @@ void attention_bench(benchmark::State& state, config c, enc_kind kind) {
   state.SetBytesProcessed(state.iterations() * 2 * c.Sk * c.Hkv * c.D * static_cast<std::int64_t>(sizeof(float)));
 }
 
+/// The floats of x rounded once per program to the 16-bit type S (kept under `key`).
+template <class S>
+std::vector<S> const& rounded(std::string const& key, posenc::aligned_buffer<float> const& x) {
+  static std::map<std::string, std::vector<S>> made;
+  auto& h = made[key + std::to_string(x.size())];
+  if (h.empty())
+    for (float f : x) h.push_back(posenc::detail::to_storage<S>(f));
+  return h;
+}
+
+/// Prefill (Sq x Sk, no encoder) with float q and out and K and V stored in
+/// the 16-bit type S: the lane kernel widening each key and value tile once.
+template <class S>
+void half_prefill_bench(benchmark::State& state, config c) {
+  auto& q = random_floats("attention/q", static_cast<std::size_t>(c.Sq * c.Hq * c.D), 1);
+  auto const& k = rounded<S>("k", random_floats("attention/k", static_cast<std::size_t>(c.Sk * c.Hkv * c.D), 2));
+  auto const& v = rounded<S>("v", random_floats("attention/v", static_cast<std::size_t>(c.Sk * c.Hkv * c.D), 3));
+  auto& out = posenc_bench::persistent_buffer<float>("attention/out", c.Sq * c.Hq * c.D, 0.0f);
+  auto qv = posenc::make_bshd<const float>(q.data(), 1, c.Sq, c.Hq, c.D);
+  auto kv = posenc::make_bshd<const S>(k.data(), 1, c.Sk, c.Hkv, c.D);
+  auto vv = posenc::make_bshd<const S>(v.data(), 1, c.Sk, c.Hkv, c.D);
+  auto ov = posenc::make_bshd(out.data(), 1, c.Sq, c.Hq, c.D);
+  posenc::attention_options<float> opt;
+  opt.causal = c.causal;
+  opt.threads = c.threads;
+  {  // warm-up, untimed: the last 16 query rows against every key
+    index_t const rows = std::min<index_t>(c.Sq, 16), first = c.Sq - rows;
+    posenc::attention<posenc::path::fused>(
+        posenc::make_bshd<const float>(q.data() + first * c.Hq * c.D, 1, rows, c.Hq, c.D), kv, vv,
+        posenc::make_bshd(out.data() + first * c.Hq * c.D, 1, rows, c.Hq, c.D), posenc::none{}, opt);
+  }
+  for (auto _ : state) {
+    posenc::attention<posenc::path::fused>(qv, kv, vv, ov, posenc::none{}, opt);
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  }
+  double const flops = 4.0 * static_cast<double>(c.D) * static_cast<double>(c.Hq) * visible_pairs(c);
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(flops * 1e-9 * static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
+  state.counters["S"] = static_cast<double>(c.Sk);
+  state.counters["D"] = static_cast<double>(c.D);
+  state.counters["threads"] = c.threads;
+}
+
 /// Decode (1 query x Sk keys, causal) with K and V stored in the 16-bit type
 /// S; every call is followed by a read of the same 16-bit K and V bytes (as
 /// floats, half as many) on the same threads, each after an eviction pass, as
@@ -192,13 +236,8 @@ void half_decode_bench(benchmark::State& state, config c) {
   auto& q = random_floats("attention/q", static_cast<std::size_t>(c.Sq * c.Hq * c.D), 1);
   auto& k32 = random_floats("attention/k", static_cast<std::size_t>(c.Sk * c.Hkv * c.D), 2);
   auto& v32 = random_floats("attention/v", static_cast<std::size_t>(c.Sk * c.Hkv * c.D), 3);
-  static std::map<std::string, std::vector<S>> made;  // the 16-bit K and V, rounded once per program
-  auto& k = made["k" + std::to_string(k32.size())];
-  auto& v = made["v" + std::to_string(v32.size())];
-  if (k.empty()) {
-    for (float x : k32) k.push_back(posenc::detail::to_storage<S>(x));
-    for (float x : v32) v.push_back(posenc::detail::to_storage<S>(x));
-  }
+  auto const& k = rounded<S>("k", k32);
+  auto const& v = rounded<S>("v", v32);
   auto& out = posenc_bench::persistent_buffer<float>("attention/out", c.Sq * c.Hq * c.D, 0.0f);
   auto qv = posenc::make_bshd<const float>(q.data(), 1, c.Sq, c.Hq, c.D);
   auto kv = posenc::make_bshd<const S>(k.data(), 1, c.Sk, c.Hkv, c.D);
@@ -330,6 +369,17 @@ int main(int argc, char** argv) {
     benchmark::RegisterBenchmark(name_of("fused_kv_bf16", c).c_str(),
                                  [c](benchmark::State& s) { half_decode_bench<Eigen::bfloat16>(s, c); })
         ->Unit(benchmark::kMillisecond)->MinTime(0.3)->UseManualTime();
+  }
+  // Prefill with K and V stored in 16 bits, beside the float fused rows of the same shape.
+  for (index_t S : {1024, 4096})
+  for (bool causal : {false, true}) {
+    config const c{S, S, 8, 8, 128, causal, 1};
+    benchmark::RegisterBenchmark(name_of("fused_kv_f16", c).c_str(),
+                                 [c](benchmark::State& s) { half_prefill_bench<Eigen::half>(s, c); })
+        ->Unit(benchmark::kMillisecond)->MinTime(0.3)->UseRealTime();
+    benchmark::RegisterBenchmark(name_of("fused_kv_bf16", c).c_str(),
+                                 [c](benchmark::State& s) { half_prefill_bench<Eigen::bfloat16>(s, c); })
+        ->Unit(benchmark::kMillisecond)->MinTime(0.3)->UseRealTime();
   }
   // Encoders fused in, against plain at the same shape.
   for (index_t S : {1024, 4096})

@@ -82,7 +82,11 @@ std::vector<float> run(problem<S> const& pb, E const& enc, posenc::attention_opt
 /// output stays untouched. The reference reading 16-bit K and V equals the
 /// reference on their float values exactly, unless the call rotates the keys
 /// (`rounds_rotated_keys`: rotated 16-bit keys are rounded once more to 16
-/// bits, so only the 16-bit reference holds the same inputs).
+/// bits, so only the 16-bit reference holds the same inputs). Prefill with
+/// at least a lane block (W rows) per kv head runs the lane kernel for 16-bit
+/// and float K and V alike, through the same micro-kernels on exactly widened
+/// tiles: without that extra rounding its result equals the fused result on
+/// the float values bit for bit.
 template <class S, class E>
 void check_agrees(problem<S> const& pb, E const& enc, posenc::attention_options<float> const& opt,
                   std::string const& what, bool rounds_rotated_keys = false) {
@@ -90,18 +94,22 @@ void check_agrees(problem<S> const& pb, E const& enc, posenc::attention_options<
   auto const ref16 = rounds_rotated_keys ? ref : run<posenc::path::reference, float>(pb, enc, opt);
   auto const plain = run<posenc_test::plain_path, S>(pb, enc, opt);
   auto const got = run<posenc::path::fused, S>(pb, enc, opt);
+  bool const lanes = pb.s.Sq * (pb.s.Hq / pb.s.Hkv) >= W && !rounds_rotated_keys;
+  auto const got32 = lanes ? run<posenc::path::fused, float>(pb, enc, opt) : got;
   auto const best = run<posenc::path::best, S>(pb, enc, opt);
   auto const rep = posenc_test::within_tolerance(got, ref, plain, 1e-6);
   INFO(what << ": " << rep.describe());
   CHECK(rep.ok);
-  bool same_ref = true, same_best = true, untouched = true;
+  bool same_ref = true, same_best = true, same_fused = true, untouched = true;
   for (std::size_t i = 0; i < ref.size(); ++i) {
     same_ref = same_ref && (ref16[i] == ref[i] || (std::isnan(ref16[i]) && std::isnan(ref[i])));
+    same_fused = same_fused && (got32[i] == got[i] || (std::isnan(got32[i]) && std::isnan(got[i])));
     same_best = same_best && (best[i] == got[i] || (std::isnan(best[i]) && std::isnan(got[i])));
     // -7 marks elements no view covers: no path may write them.
     if (ref[i] == -7.0f) untouched = untouched && got[i] == -7.0f;
   }
   CHECK(same_ref);
+  CHECK(same_fused);
   CHECK(same_best);
   CHECK(untouched);
 }
@@ -120,15 +128,29 @@ std::vector<shape> shapes() {
   v.push_back({2, 1, 65, 8, 2, 2 * W, 2 * W, 0, 0});      // decode, GQA 8/2
   v.push_back({1, 3, 64, 4, 4, W + 3, W - 1, 3, 1});      // head dims off the width, strided
   v.push_back({2, 5, 130, 4, 1, 64, 64, 2, 3, true});     // BHSD, MQA, two tiles and a tail
-  v.push_back({1, 17, 63, 2, 2, W - 1, 2 * W + 1, 1, 0}); // prefill rows through the row kernel
+  v.push_back({1, 17, 63, 2, 2, W - 1, 2 * W + 1, 1, 0}); // prefill, just over a lane block of rows
+  v.push_back({1, 3, 40, 2, 1, W, W});                    // prefill rows through the row kernel (6 < W)
   v.push_back({1, 64, 64, 2, 1, 32, 32});                 // Sq == Sk prefill
   return v;
 }
 
+/// Prefill shapes of the lane kernel (at least a lane block, W rows, per kv
+/// head): lengths one below, at and above the key tile (64), head dims around
+/// the vector width, strided, misaligned (odd offsets and pads) and BHSD views.
+std::vector<shape> lane_shapes() {
+  std::vector<shape> v;
+  v.push_back({1, 63, 63, 1, 1, W - 1, W + 1, 1, 1});
+  v.push_back({1, 64, 64, 2, 2, W, W, 0, 0});
+  v.push_back({2, 65, 65, 2, 1, W + 1, W - 1, 2, 3, true});
+  v.push_back({1, 65, 129, 4, 2, 2 * W, 2 * W + 1, 0, 1});   // more keys than queries, GQA 4/2
+  v.push_back({1, W - 1, 64, 2, 1, 2 * W - 1, 2 * W, 3, 0});  // 2W - 2 rows from a group of 2
+  return v;
+}
+
 template <class S>
-void check_all_options(char const* format) {
+void check_all_options(char const* format, std::vector<shape> const& list = shapes()) {
   std::uint64_t seed = 100;
-  for (shape const& s : shapes()) {
+  for (shape const& s : list) {
     ++seed;
     problem<S> const pb(s, seed);
     std::string const d = std::string(format) + " " + describe(s);
@@ -171,6 +193,11 @@ TEST_CASE("16-bit K and V agree with the reference on the same rounded inputs", 
   SECTION("bfloat16") { check_all_options<Eigen::bfloat16>("bfloat16"); }
 }
 
+TEST_CASE("16-bit K and V in the lane kernel (prefill) agree with the reference", "[half][lanes]") {
+  SECTION("binary16") { check_all_options<Eigen::half>("binary16 lanes", lane_shapes()); }
+  SECTION("bfloat16") { check_all_options<Eigen::bfloat16>("bfloat16 lanes", lane_shapes()); }
+}
+
 TEST_CASE("16-bit K and V: non-finite values and a fully masked row", "[half]") {
   shape s{1, 2, 70, 2, 1, W, W};
   problem<Eigen::half> pb(s, 7);
@@ -183,6 +210,22 @@ TEST_CASE("16-bit K and V: non-finite values and a fully masked row", "[half]") 
   check_agrees(pb, posenc::none{}, opt, "inf in an unseen value");
   auto const got = run<posenc::path::fused, Eigen::half>(pb, posenc::none{}, opt);
   for (index_t d = 0; d < s.Dv; ++d) CHECK(got[static_cast<std::size_t>(d)] == 0.0f);
+}
+
+TEST_CASE("16-bit K and V in the lane kernel: an Inf in a value no row sees", "[half][lanes]") {
+  shape s{1, 70, 70, 2, 1, W, W + 1, 1, 1};
+  problem<Eigen::bfloat16> pb(s, 9);
+  posenc::attention_options<float> opt;
+  index_t const len = 69;  // key 69 is hidden from every row; its tile is guarded
+  opt.key_lengths = posenc::span<const index_t>(&len, 1);
+  std::size_t const at = static_cast<std::size_t>(s.offset + 69 * (s.Hkv * (s.Dv + s.pad) + s.pad) + 2);
+  pb.vh[at] = Eigen::bfloat16(INFINITY);
+  pb.vf[at] = INFINITY;
+  check_agrees(pb, posenc::none{}, opt, "inf in an unseen value (lanes)");
+  auto const got = run<posenc::path::fused, Eigen::bfloat16>(pb, posenc::none{}, opt);
+  bool finite = true;
+  for (std::size_t n = 0; n < got.size(); ++n) finite = finite && std::isfinite(got[n]);
+  CHECK(finite);
 }
 
 namespace {

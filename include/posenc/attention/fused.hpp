@@ -9,7 +9,8 @@
 //
 //   traits.hpp         tile constants, derived and checked once
 //   scratch.hpp        per-thread scratch from one description, bounds-checked
-//   storage.hpp        K and V loads: T as it is, 16-bit rows widened in registers
+//   storage.hpp        K and V loads: T as it is, 16-bit rows widened in registers,
+//                      16-bit tiles widened into scratch (lane kernel)
 //   micro_kernels.hpp  register tiles of q.k and p v, for both layouts
 //   softmax.hpp        online softmax (lane and row layouts), normalisation
 //   tile_plan.hpp      what a key tile is for a query block: one enum, one function
@@ -39,6 +40,7 @@ namespace posenc::detail {
 /// Elements of T of the per-thread scratch of path::fused for head dims
 /// `head_dim` and `value_dim` and `kv_heads` kv heads: depends on the tile
 /// constants, the head dims and the head count only, never on the sequence lengths.
+/// (K and V stored in 16 bits add one widened value tile to the lane kernel's scratch.)
 template <class T>
 index_t fused_scratch_elements(index_t head_dim, index_t value_dim, index_t kv_heads = 1) noexcept {
   using Tr = fused_default_traits<T>;
@@ -51,22 +53,19 @@ index_t fused_scratch_elements(index_t head_dim, index_t value_dim, index_t kv_h
 
 /// Runs path::fused on a validated plan. `rot`: rotate q and k tiles in the
 /// kernel (RoPE fused); null: q and k arrive rotated (or need no rotation).
-/// K and V stored in a 16-bit type (KV) always run the row kernel, which
-/// widens their rows in registers as it loads them; the lane kernel reads T only.
+/// K and V stored in a 16-bit type (KV) take the same route: the row kernel
+/// widens their rows in registers as it loads them, the lane kernel widens
+/// each key and value tile once into float scratch for all its query blocks.
 template <class Tr, class T, class KV, class E>
 void fused_attention(attention_plan<T> const& p, view<const T> q, view<const KV> k, view<const KV> v, view<T> out,
                      E const& enc, rotation_ids const* rot = nullptr) {
-  if constexpr (std::is_same_v<KV, T>) {
-    // Relative keys need the row kernel, unless the encoder hands the lane
-    // kernel its table by distance (transformer_xl; no value term).
-    constexpr bool lanes_v = !encoder_traits<E>::relative_key_value || has_distance_columns<E, T>::value;
-    if (lanes_v && p.q_len * p.group >= Tr::lane_kernel_min_rows_v)
-      fused::run_lane_kernel<Tr>(p, q, k, v, out, enc, rot);
-    else
-      fused::run_row_kernel<Tr>(p, q, k, v, out, enc, rot);
-  } else {
+  // Relative keys need the row kernel, unless the encoder hands the lane
+  // kernel its table by distance (transformer_xl; no value term).
+  constexpr bool lanes_v = !encoder_traits<E>::relative_key_value || has_distance_columns<E, T>::value;
+  if (lanes_v && p.q_len * p.group >= Tr::lane_kernel_min_rows_v)
+    fused::run_lane_kernel<Tr>(p, q, k, v, out, enc, rot);
+  else
     fused::run_row_kernel<Tr>(p, q, k, v, out, enc, rot);
-  }
 }
 
 /// path::fused: see the top of this file.

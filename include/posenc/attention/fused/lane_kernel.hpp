@@ -9,6 +9,8 @@
 //   st  (block_kv_v, block_q_v) scores of one key tile: st[j][l] = k_j . q_l
 //                               (broadcast k_j[d], FMA with the row qt[d]);
 //                               K is read in place, never packed or transposed
+//                               (16-bit K and V: each tile widened once into
+//                               float scratch, ktile and vtile, for all blocks)
 //   ot  (value_dim, block_q_v)  output, transposed: ot[d][l] += v_j[d] * p[j][l]
 // The softmax statistics are vectors over lanes (fused/softmax.hpp). What a
 // tile is for a block (skipped, full, bounded, diagonal, per-key) comes from
@@ -18,11 +20,13 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
 #include "posenc/attention/fused/micro_kernels.hpp"
 #include "posenc/attention/fused/rotary.hpp"
 #include "posenc/attention/fused/scratch.hpp"
 #include "posenc/attention/fused/softmax.hpp"
+#include "posenc/attention/fused/storage.hpp"
 #include "posenc/attention/fused/tile_plan.hpp"
 #include "posenc/attention/fused/traits.hpp"
 #include "posenc/attention/plan.hpp"
@@ -49,12 +53,13 @@ struct lane_scratch {
   T* brow;   // (block_q_v, block_kv_v) per-key terms, row by row
   T* rlo;    // (block_q_v) first visible key of each lane, tile-relative
   T* rhi;    // (block_q_v) end of the visible keys of each lane
-  T* ktile;  // (block_kv_v, head_dim) a rotated key tile
+  T* ktile;  // (block_kv_v, head_dim) a rotated or widened key tile
+  T* vtile;  // (block_kv_v, widened_value_dim) a widened value tile (16-bit V only)
   T* qrows;  // (block_q_v, head_dim) query rows being rotated
   T* diag;   // (block_kv_v + block_q_v) one diagonal of a shift-invariant bias
 
   template <class Taker>
-  void lay_out(Taker& c, index_t head_dim, index_t value_dim) {
+  void lay_out(Taker& c, index_t head_dim, index_t value_dim, index_t widened_value_dim = 0) {
     constexpr index_t bq_v = Tr::block_q_v, bk_v = Tr::block_kv_v;
     for (block_buffers& bb : blocks) {
       bb.qt = c.take(head_dim * bq_v);
@@ -69,18 +74,20 @@ struct lane_scratch {
     rlo = c.take(bq_v);
     rhi = c.take(bq_v);
     ktile = c.take(bk_v * head_dim);
+    vtile = c.take(bk_v * widened_value_dim);  // nothing for K and V stored as T
     qrows = c.take(bq_v * head_dim);
     diag = c.take(bk_v + bq_v);
   }
 };
 
 /// What every step of one work item shares: the call, the item's (b, kv head)
-/// and the per-call decisions.
-template <class Tr, class E>
+/// and the per-call decisions. K and V are stored as KV: T, or a 16-bit type.
+template <class Tr, class E, class KV = typename Tr::value_type>
 struct lane_item_context {
   using T = typename Tr::value_type;
   attention_plan<T> const& p;
-  view<const T> q, k, v;
+  view<const T> q;
+  view<const KV> k, v;
   view<T> out;
   E const& enc;
   rotation_ids const* rot;  // rotate queries and key tiles here; null: they arrive rotated
@@ -92,8 +99,8 @@ struct lane_item_context {
 /// Block setup: fills the transposed (rotated) queries, zero output, empty
 /// statistics and the visible key ranges of blocks [blk0, blk0 + nb).
 /// Returns the union [first, last) of the keys any of their rows sees.
-template <class Tr, class E>
-key_range lane_begin_blocks(lane_item_context<Tr, E> const& c, lane_scratch<Tr> const& sc, block_keys<Tr>* keys,
+template <class Tr, class E, class KV>
+key_range lane_begin_blocks(lane_item_context<Tr, E, KV> const& c, lane_scratch<Tr> const& sc, block_keys<Tr>* keys,
                             index_t blk0, index_t nb) noexcept {
   using T = typename Tr::value_type;
   constexpr index_t bq_v = Tr::block_q_v;
@@ -192,8 +199,8 @@ struct position_tiles {
 /// over the tile's lanes - keys distances when the block is one head at
 /// consecutive positions, the keys are consecutive and every distance is in
 /// the table; else the encoder's score_row per row.
-template <class Tr, class E>
-void lane_tile_positions(lane_item_context<Tr, E> const& c, lane_scratch<Tr> const& sc, block_keys<Tr> const& bk,
+template <class Tr, class E, class KV>
+void lane_tile_positions(lane_item_context<Tr, E, KV> const& c, lane_scratch<Tr> const& sc, block_keys<Tr> const& bk,
                          typename Tr::value_type const* qt, tile_plan const& tp, index_t t0, index_t nvec) noexcept {
   using T = typename Tr::value_type;
   constexpr index_t w_v = Tr::width_v, bq_v = Tr::block_q_v, bk_v = Tr::block_kv_v, mq_v = Tr::micro_q_v;
@@ -229,8 +236,8 @@ void lane_tile_positions(lane_item_context<Tr, E> const& c, lane_scratch<Tr> con
 /// Tile bias and visibility: prepares what the tile's kind adds to the
 /// scores: the diagonal (diag), the per-key terms transposed (bt, -inf where
 /// invisible or masked) or the per-lane bounds (rlo, rhi).
-template <class Tr, class E>
-void lane_tile_terms(lane_item_context<Tr, E> const& c, lane_scratch<Tr> const& sc, block_keys<Tr> const& bk,
+template <class Tr, class E, class KV>
+void lane_tile_terms(lane_item_context<Tr, E, KV> const& c, lane_scratch<Tr> const& sc, block_keys<Tr> const& bk,
                      tile_plan const& tp, index_t t0, index_t nk, index_t nvec) noexcept {
   using T = typename Tr::value_type;
   using A = typename Tr::arch;
@@ -346,8 +353,8 @@ POSENC_ALWAYS_INLINE void lane_tile_values(typename Tr::value_type const* vt, in
 
 /// Finish: normalises each row of blocks [0, nb) into out (b, i, h, :) and
 /// writes its log-sum-exp.
-template <class Tr, class E>
-void lane_finish_blocks(lane_item_context<Tr, E> const& c, lane_scratch<Tr> const& sc, block_keys<Tr> const* keys,
+template <class Tr, class E, class KV>
+void lane_finish_blocks(lane_item_context<Tr, E, KV> const& c, lane_scratch<Tr> const& sc, block_keys<Tr> const* keys,
                         index_t nb) noexcept {
   using T = typename Tr::value_type;
   index_t const group = c.p.group;
@@ -361,11 +368,36 @@ void lane_finish_blocks(lane_item_context<Tr, E> const& c, lane_scratch<Tr> cons
   }
 }
 
+/// Tile packing of 16-bit K and V: the tile's keys (rotated here, or widened)
+/// into ktile and its values into vtile, as float, once for every block of the
+/// item that uses the tile.
+template <class Tr, class E, class KV>
+void lane_widen_tile(lane_item_context<Tr, E, KV> const& c, lane_scratch<Tr> const& sc, index_t t0,
+                     index_t nk) noexcept {
+  using T = typename Tr::value_type;
+  using A = typename Tr::arch;
+  attention_plan<T> const& p = c.p;
+  if (c.rot && c.rot->k)
+    rotate_key_tile(p, c.k, c.enc, *c.rot, c.b, c.hk, t0, nk, sc.ktile);
+  else
+    widen_tile<T, A>(c.k.ptr(c.b, t0, c.hk), c.k.seq_stride, nk, p.head_dim, sc.ktile, p.head_dim);
+  widen_tile<T, A>(c.v.ptr(c.b, t0, c.hk), c.v.seq_stride, nk, p.value_dim, sc.vtile, p.value_dim);
+}
+
+/// Distance between the value rows the tile steps read: V itself, or vtile.
+template <class Tr, class E, class KV>
+POSENC_ALWAYS_INLINE index_t lane_value_stride(lane_item_context<Tr, E, KV> const& c) noexcept {
+  if constexpr (std::is_same_v<KV, typename Tr::value_type>)
+    return c.v.seq_stride;
+  else
+    return c.p.value_dim;
+}
+
 /// Every tile of blocks [0, nb) of an item: scores, terms, softmax update,
 /// values. `Guard`: in tiles whose V is not all finite, keys of probability 0
 /// add nothing (0 * NaN would be NaN).
-template <class Tr, bool Guard, class E>
-void lane_item_tiles(lane_item_context<Tr, E> const& c, lane_scratch<Tr> const& sc, block_keys<Tr> const* keys,
+template <class Tr, bool Guard, class E, class KV>
+void lane_item_tiles(lane_item_context<Tr, E, KV> const& c, lane_scratch<Tr> const& sc, block_keys<Tr> const* keys,
                      index_t nb, key_range span) noexcept {
   using T = typename Tr::value_type;
   constexpr index_t bq_v = Tr::block_q_v, bk_v = Tr::block_kv_v;
@@ -376,19 +408,31 @@ void lane_item_tiles(lane_item_context<Tr, E> const& c, lane_scratch<Tr> const& 
   index_t const t_begin = span.first >= span.last ? 0 : span.first / bk_v * bk_v;
   for (index_t t0 = t_begin; t0 < span.last; t0 += bk_v) {
     index_t const nk = std::min(bk_v, span.last - t0);
-    T const* kt = c.k.ptr(c.b, t0, c.hk);
-    index_t ldk = c.k.seq_stride;
-    T const* vt = c.v.ptr(c.b, t0, c.hk);
+    // K and V of T are read in place; 16-bit ones from ktile and vtile once
+    // widened (kt stays null until then, see lane_widen_tile).
+    T const* kt = nullptr;
+    index_t ldk = head_dim;
+    T const* vt = sc.vtile;
+    if constexpr (std::is_same_v<KV, T>) {
+      kt = c.k.ptr(c.b, t0, c.hk);
+      ldk = c.k.seq_stride;
+      vt = c.v.ptr(c.b, t0, c.hk);
+    }
     // The tile's keys at consecutive positions (once per tile, for every block).
     bool const diagonal_ready = c.diagonal_bias && keys_consecutive(p, c.b, t0, nk);
     int v_finite = -1;  // V of the tile all finite: tested once, for every block that uses the tile
     for (index_t t = 0; t < nb; ++t) {
       tile_plan const tp = plan_tile(keys[t], t0, nk, c.per_key_terms, diagonal_ready);
       if (tp.kind == tile_kind::skipped) continue;
-      if (c.rot && c.rot->k && kt != sc.ktile) {  // rotated once, for every block that uses the tile
-        rotate_key_tile(p, c.k, c.enc, *c.rot, c.b, c.hk, t0, nk, sc.ktile);
+      if constexpr (std::is_same_v<KV, T>) {
+        if (c.rot && c.rot->k && kt != sc.ktile) {  // rotated once, for every block that uses the tile
+          rotate_key_tile(p, c.k, c.enc, *c.rot, c.b, c.hk, t0, nk, sc.ktile);
+          kt = sc.ktile;
+          ldk = head_dim;
+        }
+      } else if (!kt) {  // widened (and rotated) once, for every block that uses the tile
+        lane_widen_tile(c, sc, t0, nk);
         kt = sc.ktile;
-        ldk = head_dim;
       }
       auto const& bb = sc.blocks[t];
       index_t const nvec = lane_vectors<Tr>(keys[t].rows);
@@ -398,8 +442,8 @@ void lane_item_tiles(lane_item_context<Tr, E> const& c, lane_scratch<Tr> const& 
       logit.tp = tp;
       logit.nk = nk;
       lane_softmax_update<Tr>(sc.st, bq_v, tp.keys, nvec, bb.m, bb.l, bb.alpha, logit);
-      if (Guard && v_finite < 0) v_finite = rows_finite<Tr>(vt, c.v.seq_stride, nk, p.value_dim) ? 1 : 0;
-      lane_tile_values<Tr>(vt, c.v.seq_stride, tp.keys, p.value_dim, sc.st, nvec, bb.alpha, bb.ot, v_finite == 0);
+      if (Guard && v_finite < 0) v_finite = rows_finite<Tr>(vt, lane_value_stride(c), nk, p.value_dim) ? 1 : 0;
+      lane_tile_values<Tr>(vt, lane_value_stride(c), tp.keys, p.value_dim, sc.st, nvec, bb.alpha, bb.ot, v_finite == 0);
     }
   }
 }
@@ -423,8 +467,8 @@ bool lane_outputs_finite(lane_scratch<Tr> const& sc, block_keys<Tr> const* keys,
 /// finite result is then exact. Otherwise (rare: V holds NaN or Inf) the item
 /// runs again with the guard, which gives the same values where the first
 /// run was finite.
-template <class Tr, class E>
-void lane_item(lane_item_context<Tr, E> const& c, lane_scratch<Tr> const& sc, index_t blk0, index_t blk1) noexcept {
+template <class Tr, class E, class KV>
+void lane_item(lane_item_context<Tr, E, KV> const& c, lane_scratch<Tr> const& sc, index_t blk0, index_t blk1) noexcept {
   index_t const nb = blk1 - blk0;
   block_keys<Tr> keys[Tr::blocks_per_item_v];
   key_range span = lane_begin_blocks(c, sc, keys, blk0, nb);
@@ -437,14 +481,17 @@ void lane_item(lane_item_context<Tr, E> const& c, lane_scratch<Tr> const& sc, in
 }
 
 /// The lane kernel over a validated plan: items (b, kv head, run of up to
-/// blocks_per_item_v query blocks) spread over the threads.
-template <class Tr, class T, class E>
-void run_lane_kernel(attention_plan<T> const& p, view<const T> q, view<const T> k, view<const T> v, view<T> out,
+/// blocks_per_item_v query blocks) spread over the threads. K and V stored as
+/// a 16-bit KV are widened tile by tile (lane_widen_tile); the scratch then
+/// holds a value tile as well.
+template <class Tr, class T, class KV, class E>
+void run_lane_kernel(attention_plan<T> const& p, view<const T> q, view<const KV> k, view<const KV> v, view<T> out,
                      E const& enc, rotation_ids const* rot) {
   constexpr index_t bq_v = Tr::block_q_v;
   index_t const batch = p.batch, kv_heads = p.kv_heads, rows = p.q_len * p.group;
   int const threads = loop_threads(p.threads);
-  index_t const per_thread = scratch_elements<lane_scratch<Tr>>(p.head_dim, p.value_dim);
+  index_t const widened_value_dim = std::is_same_v<KV, T> ? 0 : p.value_dim;
+  index_t const per_thread = scratch_elements<lane_scratch<Tr>>(p.head_dim, p.value_dim, widened_value_dim);
   auto scratch = aligned_buffer<T>::uninitialized(per_thread * threads);
   index_t const nblocks = (rows + bq_v - 1) / bq_v;
   // Fewer blocks per item when that is what keeps every thread busy.
@@ -457,8 +504,8 @@ void run_lane_kernel(attention_plan<T> const& p, view<const T> q, view<const T> 
     index_t const bh = it / items_per_head, sb = it % items_per_head;
     int const tid = std::min(thread_index(), threads - 1);  // serial: one slot
     auto const sc = carve_scratch<lane_scratch<Tr>>(scratch.data() + tid * per_thread, per_thread, p.head_dim,
-                                                    p.value_dim);
-    lane_item_context<Tr, E> const c{p,  q,  k,  v, out, enc, rot, bh / kv_heads, bh % kv_heads, has_bias || p.has_masks(),
+                                                    p.value_dim, widened_value_dim);
+    lane_item_context<Tr, E, KV> const c{p,  q,  k,  v, out, enc, rot, bh / kv_heads, bh % kv_heads, has_bias || p.has_masks(),
                                      diagonal_bias};
     index_t const blk0 = sb * per_item;
     lane_item(c, sc, blk0, std::min(nblocks, blk0 + per_item));
