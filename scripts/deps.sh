@@ -3,8 +3,9 @@
 # `deps.sh --list` prints the package names instead.
 set -euo pipefail
 # (OpenMP comes with g++; python is not needed: golden values are checked in. clang-14 and its
-# runtime libraries build the libFuzzer harnesses and the ThreadSanitizer test.)
-pkgs=(cmake g++ make libeigen3-dev libxsimd-dev catch2 libbenchmark-dev libstb-dev clang-14 libclang-rt-14-dev
+# runtime libraries build the sanitizer test build, the libFuzzer harnesses and the ThreadSanitizer
+# test; libomp-14-dev is clang's OpenMP.)
+pkgs=(cmake g++ make libeigen3-dev libxsimd-dev catch2 libbenchmark-dev libstb-dev clang-14 libclang-rt-14-dev libomp-14-dev
       libopenmpi-dev openmpi-bin fortunes-min)
 if [ "${1:-}" = "--list" ]; then
   echo "${pkgs[*]}"

@@ -180,7 +180,7 @@ TEST_CASE("sizes that overflow index_t are rejected before any allocation", "[er
     REQUIRE_THROWS_WITH(enc.extended(big), posenc_test::contains("(offset + new_positions) x d_model is"));
     REQUIRE_THROWS_WITH(enc.fill(0, big, {nullptr, 0}),
                         posenc_test::contains("posenc::learned::fill: count x d_model is 4611686018427387904 x 4"));
-    posenc::sinusoidal<float> sin({8});
+    posenc::sinusoidal<float> sin(8);
     REQUIRE_THROWS_WITH(sin.reserve(big),
                         posenc_test::contains("posenc::sinusoidal::reserve: positions x d_model is"));
     REQUIRE_THROWS_WITH(sin.fill(0, big, {nullptr, 0}),
@@ -309,7 +309,7 @@ TEST_CASE("positions outside position_limit are rejected before any arithmetic o
     posenc::clipped_bias<float> cb(2, 2, std::uint64_t{1});
     REQUIRE_THROWS_WITH(cb.add_bias(0, max_index, 0, {row.data(), 4}),
                         posenc_test::contains("posenc::clipped_bias::add_bias: q_pos is 9223372036854775807"));
-    posenc::sinusoidal<float> sin({4});
+    posenc::sinusoidal<float> sin(4);
     std::vector<float> x(4);
     REQUIRE_THROWS_WITH(sin.add_to(posenc::make_bsd(x.data(), 1, 1, 4), posenc::position_span(max_index)),
                         posenc_test::contains("posenc::sinusoidal::add_to: positions offset is 9223372036854775807"));
