@@ -5,8 +5,9 @@
 // What this room holds: the FMA micro-kernels, each a fully unrolled register
 // tile with compile-time bounds. Lane layout (prefill: query rows along the
 // lanes): score_micro, value_micro. Row layout (decode, Shaw: keys or output
-// dims along the lanes): row_scores, row_values. Plus the helpers that walk a
-// range in register-tile steps. Nothing here knows masks, biases or softmax.
+// dims along the lanes): row_scores, row_values, and row_scores_of,
+// row_values_of for rows gathered one pointer each (paged decode). Plus the
+// helpers that walk a range in register-tile steps. Nothing here knows masks, biases or softmax.
 // May include: fused/traits.hpp, fused/storage.hpp and core/.
 
 #include <algorithm>
