@@ -184,7 +184,112 @@ void check_against_contiguous(E const& enc, index_t page, posenc::attention_opti
   }
 }
 
+// Decode over scattered pages: four sequences (lengths at the call `lens`)
+// and a filler take one page each in turn, so that every page of a sequence
+// is its own run and a key tile spans several runs; the last page is partly
+// filled unless the length is a multiple of the page. Then sq tokens (1, or a
+// speculative 3) are appended to each and attended in one call, entries in a
+// mixed order. `masked`: an additive mask per entry, checked against the
+// reference path over the same cache (masks are in the call's coordinates);
+// otherwise against a contiguous kv_cache per sequence.
+template <class T, class E>
+void check_scattered_decode(E const& enc, index_t page, index_t sq, posenc::attention_options<T> const& opt,
+                            std::string const& what, bool masked = false) {
+  std::vector<index_t> const lens = {63, 64, 65, page == 1 ? 129 : 250};
+  index_t const n = 4, filler_len = 250;
+  posenc::paged_kv_cache<T> cache(2 * 5 * (250 + page) / page + 8, page, Hkv, D);
+  std::vector<tokens<T>> tok;
+  std::vector<posenc::kv_cache<T>> ref;
+  std::vector<index_t> ids, done(static_cast<std::size_t>(n), 0);
+  for (index_t s = 0; s < n; ++s) {
+    tok.emplace_back(lens[static_cast<std::size_t>(s)], 300 + 10 * s);
+    ref.emplace_back(1, Hkv, D, 0, 2 * s);
+    ids.push_back(cache.add_sequence(2 * s));
+  }
+  tokens<T> const fill(filler_len, 299);
+  index_t const filler = cache.add_sequence();
+  // Prefill one page at a time, round robin, the filler taking a page after each round.
+  for (index_t at = 0; at < filler_len; at += page) {
+    for (std::size_t s = 0; s < static_cast<std::size_t>(n); ++s) {
+      index_t const m = std::min(page, lens[s] - sq - done[s]);
+      if (m <= 0) continue;
+      cache.append(ids[s], tokens<T>::part(tok[s].k, done[s], m, Hkv), tokens<T>::part(tok[s].v, done[s], m, Hkv),
+                   enc);
+      ref[s].append(tokens<T>::part(tok[s].k, done[s], m, Hkv), tokens<T>::part(tok[s].v, done[s], m, Hkv), enc);
+      done[s] += m;
+    }
+    index_t const m = std::min(page, filler_len - at);
+    cache.append(filler, tokens<T>::part(fill.k, at, m, Hkv), tokens<T>::part(fill.v, at, m, Hkv), enc);
+  }
+  for (std::size_t s = 0; s < static_cast<std::size_t>(n); ++s) {
+    auto const table = cache.page_table(ids[s]);
+    for (index_t pg = 1; pg < table.size(); ++pg) REQUIRE(table[pg] != table[pg - 1] + 1);  // every page a run
+  }
+  std::vector<T> q(static_cast<std::size_t>(n * sq * Hq * D)), want(q.size(), T(7)), got(q.size(), T(-7));
+  std::vector<T> lse_want(static_cast<std::size_t>(n * Hq * sq), T(7)), lse_got(lse_want.size(), T(-7));
+  std::vector<index_t> const order = {ids[1], ids[3], ids[0], ids[2]};
+  std::vector<std::size_t> const slot = {1, 3, 0, 2};
+  index_t const K = 256;
+  std::vector<T> mask(static_cast<std::size_t>(n * Hq * sq * K), T(0));
+  for (std::size_t i = 0; i < mask.size(); i += 5) mask[i] = -std::numeric_limits<T>::infinity();
+  for (std::size_t i = 2; i < mask.size(); i += 7) mask[i] = T(-0.75);
+  posenc::attention_options<T> o = opt;
+  if (masked) o.mask = posenc::make_mask<T>(mask.data(), n, Hq, sq, K);
+  for (index_t b = 0; b < n; ++b) {
+    std::size_t const s = slot[static_cast<std::size_t>(b)];
+    cache.append(order[static_cast<std::size_t>(b)], tokens<T>::part(tok[s].k, done[s], sq, Hkv),
+                 tokens<T>::part(tok[s].v, done[s], sq, Hkv), enc);
+    ref[s].append(tokens<T>::part(tok[s].k, done[s], sq, Hkv), tokens<T>::part(tok[s].v, done[s], sq, Hkv), enc);
+    REQUIRE(cache.length(order[static_cast<std::size_t>(b)]) == lens[s]);
+    std::copy_n(tok[s].q.begin() + done[s] * Hq * D, sq * Hq * D, q.begin() + b * sq * Hq * D);
+    done[s] += sq;
+    if (masked) continue;
+    posenc::attention_options<T> ob = opt;
+    ob.lse = lse_want.data() + b * Hq * sq;
+    posenc::attention<posenc::path::reference>(posenc::make_bshd<const T>(q.data() + b * sq * Hq * D, 1, sq, Hq, D),
+                                               ref[s], posenc::make_bshd(want.data() + b * sq * Hq * D, 1, sq, Hq, D),
+                                               enc, ob);
+  }
+  if (masked) {
+    posenc::attention_options<T> ow = o;
+    ow.lse = lse_want.data();
+    posenc::attention<posenc::path::reference>(posenc::make_bshd<const T>(q.data(), n, sq, Hq, D), cache, order,
+                                               posenc::make_bshd(want.data(), n, sq, Hq, D), enc, ow);
+  }
+  o.lse = lse_got.data();
+  posenc::paged_attention_workspace<T> ws;
+  posenc::attention<posenc::path::fused>(posenc::make_bshd<const T>(q.data(), n, sq, Hq, D), cache, order,
+                                         posenc::make_bshd(got.data(), n, sq, Hq, D), enc, o, ws);
+  double const tol = std::is_same<T, float>::value ? 2e-5 : 1e-12;
+  INFO(what);
+  CHECK(max_diff(want, got) < tol);
+  CHECK(max_diff(lse_want, lse_got) < tol * 10);
+}
+
 }  // namespace
+
+TEMPLATE_TEST_CASE("paged decode over scattered pages equals the contiguous cache: tiles across page runs",
+                   "[paged]", float, double) {
+  using T = TestType;
+  // Page sizes below, at and above the key tile, and odd ones; lengths 63,
+  // 64, 65 and 129 or 250 (tiles that end inside a page, and a partly filled
+  // last page), 1 and 3 query tokens.
+  for (index_t page : {1, 3, 16, 17, 64, 100}) {
+    for (index_t sq : {1, 3}) {
+      std::string const where = "page " + std::to_string(page) + ", " + std::to_string(sq) + " queries";
+      for (auto const& [oname, opt] : option_sets<T>()) {
+        for_each_encoder<T>([&, oname = oname, opt = opt](std::string const& ename, auto const& enc) {
+          check_scattered_decode<T>(enc, page, sq, opt, ename + ", " + oname + ", " + where);
+        });
+      }
+      posenc::attention_options<T> causal;
+      causal.causal = true;
+      for_each_encoder<T>([&](std::string const& ename, auto const& enc) {
+        check_scattered_decode<T>(enc, page, sq, causal, ename + ", causal, masked, " + where, true);
+      });
+    }
+  }
+}
 
 TEMPLATE_TEST_CASE("paged attention equals the contiguous cache: every encoder, option and page size",
                    "[paged]", float, double) {

@@ -5,8 +5,9 @@
 // What this room holds: the FMA micro-kernels, each a fully unrolled register
 // tile with compile-time bounds. Lane layout (prefill: query rows along the
 // lanes): score_micro, value_micro. Row layout (decode, Shaw: keys or output
-// dims along the lanes): row_scores, row_values. Plus the helpers that walk a
-// range in register-tile steps. Nothing here knows masks, biases or softmax.
+// dims along the lanes): row_scores, row_values, and row_scores_of,
+// row_values_of for rows gathered one pointer each (paged decode). Plus the
+// helpers that walk a range in register-tile steps. Nothing here knows masks, biases or softmax.
 // May include: fused/traits.hpp, fused/storage.hpp and core/.
 
 #include <algorithm>
@@ -255,6 +256,124 @@ inline void row_values(typename Tr::value_type const* const* pr, typename Tr::va
       T a = o[g * value_dim + d] * alpha[g];
       for (index_t j = 0; j < nk; ++j)
         if (!Guarded || pr[g][j] != T(0)) a += pr[g][j] * stored_value<T>(v[j * ldv + d]);
+      o[g * value_dim + d] = a;
+    }
+  }
+}
+
+/// Key or value rows with one pointer each (rows gathered from pages): row j
+/// at at[j] + offset.
+template <class S>
+struct listed_rows {
+  S const* const* at;
+  index_t offset;
+  POSENC_ALWAYS_INLINE S const* operator()(index_t j) const noexcept { return at[j] + offset; }
+};
+
+/// row_scores with key row j at krow(j) (listed_rows: rows gathered from
+/// pages): s[g][j] = q_g . k_j for NG rows and nk keys. kj_v keys at a time keep
+/// NG * kj_v accumulators in registers (each K row loaded once for all rows);
+/// the partial sums of width keys are then reduced together by one
+/// width x width transpose instead of a horizontal sum per key. K rows are
+/// of storage type KS (T, or a 16-bit type widened as loaded).
+template <class Tr, int NG, class KS, class Rows>
+inline void row_scores_of(typename Tr::value_type const* const* qr, Rows const& krow, index_t nk, index_t head_dim,
+                          typename Tr::value_type* const* s) noexcept {
+  using T = typename Tr::value_type;
+  using B = typename Tr::batch;
+  using A = typename Tr::arch;
+  constexpr index_t w_v = Tr::width_v;
+  constexpr int kj_v = register_block<Tr>(NG + 1, 2, w_v);
+  index_t const dim_w = head_dim / w_v * w_v;
+  alignas(64) T part[size_v<NG>][size_v<w_v>][size_v<w_v>];  // part[g][key][lane]: partial sums of w_v keys
+  for (index_t j0 = 0; j0 < nk; j0 += w_v) {
+    index_t const n = std::min(w_v, nk - j0);
+    for (index_t jj = 0; jj < n; jj += kj_v) {
+      B acc[size_v<NG>][size_v<kj_v>];
+      KS const* kr[size_v<kj_v>];
+      for (int t = 0; t < kj_v; ++t) {
+        kr[t] = krow(std::min(j0 + jj + t, nk - 1));  // past the tile: a repeat, discarded
+        for (int g = 0; g < NG; ++g) acc[g][t] = B(T(0));
+      }
+      for (index_t d = 0; d < dim_w; d += w_v) {
+        B kv[size_v<kj_v>];
+        for (int t = 0; t < kj_v; ++t) kv[t] = load_stored<T, A>(kr[t] + d);
+        for (int g = 0; g < NG; ++g) {
+          B const qv = simd::load<T, A>(qr[g] + d);
+          for (int t = 0; t < kj_v; ++t) acc[g][t] = simd::fma(qv, kv[t], acc[g][t]);
+        }
+      }
+      for (int g = 0; g < NG; ++g)
+        for (int t = 0; t < kj_v; ++t) simd::store(part[g][jj + t], acc[g][t]);
+    }
+    for (int g = 0; g < NG; ++g) {
+      B blk[size_v<w_v>];
+      for (index_t t = 0; t < w_v; ++t) blk[t] = t < n ? simd::load<T, A>(part[g][t]) : B(T(0));
+      simd::transpose(blk);
+      B sum = blk[0];
+      for (index_t t = 1; t < w_v; ++t) sum = sum + blk[t];
+      if (dim_w < head_dim) {  // head dim not a multiple of the width: the last dims one by one
+        alignas(64) T tail[size_v<w_v>];
+        for (index_t t = 0; t < w_v; ++t) {
+          T x = 0;
+          if (t < n)
+            for (index_t e = dim_w; e < head_dim; ++e) x += qr[g][e] * stored_value<T>(krow(j0 + t)[e]);
+          tail[t] = x;
+        }
+        sum = sum + simd::load<T, A>(tail);
+      }
+      if (n == w_v)
+        simd::store(s[g] + j0, sum);
+      else
+        simd::store_partial(s[g] + j0, sum, n);
+    }
+  }
+}
+
+/// row_values with value row j at vrow(j) (listed_rows: rows gathered from
+/// pages): o_g = alpha_g * o_g + sum_j p_g[j] v_j over value_dim dims for NG rows (o_g
+/// at o + g * value_dim). Each V row chunk is loaded once for all rows; the
+/// cw_v * NG accumulators of a chunk stay in registers across the keys.
+/// `Guarded`: keys with p_g[j] = 0 add nothing, even when v_j is NaN or Inf.
+/// V rows are of storage type VS (T, or a 16-bit type widened as loaded).
+template <class Tr, int NG, bool Guarded, class VS, class Rows>
+inline void row_values_of(typename Tr::value_type const* const* pr, typename Tr::value_type const* alpha,
+                          Rows const& vrow, index_t nk, index_t value_dim, typename Tr::value_type* o) noexcept {
+  using T = typename Tr::value_type;
+  using B = typename Tr::batch;
+  using A = typename Tr::arch;
+  constexpr index_t w_v = Tr::width_v;
+  constexpr int cw_v = register_block<Tr>(NG, NG + 2, 8);
+  auto chunk = [&](index_t d, auto cw) {
+    constexpr int C = decltype(cw)::value;
+    B acc[size_v<NG>][size_v<C>];
+    for (int g = 0; g < NG; ++g)
+      for (int c = 0; c < C; ++c) acc[g][c] = simd::load<T, A>(o + g * value_dim + d + c * w_v) * B(alpha[g]);
+    for (index_t j = 0; j < nk; ++j) {
+      VS const* vj = vrow(j) + d;
+      B pj[size_v<NG>];
+      for (int g = 0; g < NG; ++g) pj[g] = B(pr[g][j]);
+      for (int c = 0; c < C; ++c) {
+        B const vv = load_stored<T, A>(vj + c * w_v);
+        for (int g = 0; g < NG; ++g) {
+          if constexpr (Guarded)
+            acc[g][c] = pr[g][j] != T(0) ? simd::fma(pj[g], vv, acc[g][c]) : acc[g][c];
+          else
+            acc[g][c] = simd::fma(pj[g], vv, acc[g][c]);
+        }
+      }
+    }
+    for (int g = 0; g < NG; ++g)
+      for (int c = 0; c < C; ++c) simd::store(o + g * value_dim + d + c * w_v, acc[g][c]);
+  };
+  index_t d = 0;
+  for (; d + cw_v * w_v <= value_dim; d += cw_v * w_v) chunk(d, std::integral_constant<int, cw_v>{});
+  for (; d + w_v <= value_dim; d += w_v) chunk(d, std::integral_constant<int, 1>{});
+  for (; d < value_dim; ++d) {
+    for (int g = 0; g < NG; ++g) {
+      T a = o[g * value_dim + d] * alpha[g];
+      for (index_t j = 0; j < nk; ++j)
+        if (!Guarded || pr[g][j] != T(0)) a += pr[g][j] * stored_value<T>(vrow(j)[d]);
       o[g * value_dim + d] = a;
     }
   }

@@ -5,10 +5,10 @@
 // What this room holds: the driver of the row kernel when the keys of each
 // call entry are scattered over pages. The keys of an entry are cut into
 // chunks (one per entry, or more when that keeps the threads busy); a chunk
-// walks its runs of pages with consecutive ids, each read in place as a
-// strided view, tile by tile with the row kernel's tiles (row_tile), keeping
-// one running state per row across runs; `merge_partials` combines the
-// chunks of an entry. The
+// walks its keys in tiles of the row kernel's size, each tile's key and
+// value rows gathered in place from the page runs it spans (one pointer per
+// row, no copy), so that the online softmax updates once per tile whatever
+// the page size; `merge_partials` combines the chunks of an entry. The
 // plans give the true key positions (global key indices of the entry), so
 // causal alignment, windows, masks and relative encoders see every key where
 // it sits. All buffers live in a workspace reused across calls: once it has
@@ -78,10 +78,72 @@ view<const T> chunk_view(T const* at_j0, index_t j0, index_t j1, index_t heads, 
   return {at_j0 - j0 * token_stride, 1, j1, heads, dim, j1 * token_stride, token_stride, dim, 1};
 }
 
+/// The key and value rows of one key tile, gathered from the page runs: row
+/// j of the tile (key t0 + j) of kv head 0 at k[j] and v[j] (kv head hk at
+/// + hk * dim), so that a tile spans runs and pages of any size.
+template <class T>
+struct paged_tile_rows {
+  T const* k[fused_default_traits<T>::block_kv_v];
+  T const* v[fused_default_traits<T>::block_kv_v];
+};
+
+/// Fills `tr` with keys [t0, t0 + nk) of the runs from `*ri` on (the runs of
+/// the chunk, in key order, that cover those keys); leaves *ri on the run of
+/// key t0 + nk - 1.
+template <class T>
+void gather_tile_rows(paged_run<T> const* runs, index_t* ri, index_t t0, index_t nk, index_t kstride,
+                      index_t vstride, paged_tile_rows<T>& tr) noexcept {
+  index_t j = 0;
+  while (j < nk) {
+    while (runs[*ri].j1 <= t0 + j) ++*ri;
+    paged_run<T> const& run = runs[*ri];
+    index_t const off = t0 + j - run.j0, n = std::min(nk - j, run.j1 - run.j0 - off);
+    for (index_t e = 0; e < n; ++e, ++j) {
+      tr.k[j] = run.k + (off + e) * kstride;
+      tr.v[j] = run.v + (off + e) * vstride;
+    }
+  }
+}
+
+/// Key tile [t0, t0 + nk) of kv head hk for the rows of rr, its rows
+/// gathered in `tr` (row 0 = key t0): scores, logits, one online softmax
+/// update, values, as row_tile does over a strided view; the keys arrive
+/// rotated (cached rotated). `Guard` as in row_tile.
+template <class Tr, bool Guard, class T, class E>
+void paged_row_tile(attention_plan<T> const& p, paged_tile_rows<T> const& tr, index_t tile_j, E const& enc,
+                    index_t hk, row_rows<Tr> const& rr, index_t t0, index_t nk, row_scratch<Tr> const& sc,
+                    row_state<T> st) noexcept {
+  index_t const head_dim = p.head_dim, value_dim = p.value_dim;
+  listed_rows<T> const krow{tr.k + tile_j, hk * head_dim}, vrow{tr.v + tile_j, hk * value_dim};
+  bool guarded = false;
+  if constexpr (Guard)
+    for (index_t j = 0; j < nk && !guarded; ++j) guarded = !rows_finite<Tr>(vrow(j), 0, 1, value_dim);
+  // Scores of every row, each row's softmax update, then the values of every row.
+  auto rows = [&](index_t, auto n) {
+    constexpr int ng_v = decltype(n)::value;
+    row_scores_of<Tr, ng_v, T>(rr.q, krow, nk, head_dim, sc.s);
+    T al[size_v<ng_v>];
+    for (int g = 0; g < ng_v; ++g) {
+      row_logits<Tr>(p, enc, 0, rr, g, t0, nk, sc.s[g], sc.tmp);
+      al[g] = row_softmax_update<Tr>(sc.s[g], nk, st.m[g], st.l[g]);
+    }
+    if (guarded)
+      row_values_of<Tr, ng_v, true, T>(sc.s, al, vrow, nk, value_dim, st.o);
+    else
+      row_values_of<Tr, ng_v, false, T>(sc.s, al, vrow, nk, value_dim, st.o);
+  };
+  tail_block<Tr::row_group_v>(rr.n, 0, rows);
+  if constexpr (encoder_traits<E>::relative_key_value)
+    for (index_t g = 0; g < rr.n; ++g) encoder_values(p, enc, sc.s[g], 0, rr.i[g], t0, nk, st.o + g * value_dim);
+}
+
 /// Row groups [u0, u1) (unit u: kv head u / groups, group u % groups) of the
-/// chunk's entry against the chunk's keys: one row setup, then every tile of
-/// every run (a tile never crosses a run), all units of a tile together so
-/// that the pages are read as one front. `Guard` as in row_tile.
+/// chunk's entry against the chunk's keys: one row setup, then tiles of
+/// block_kv_v keys laid over the whole chunk, each gathered across its page
+/// runs (so the softmax update runs once per tile whatever the page size),
+/// all units of a tile together so that the pages are read as one front.
+/// Every key keeps its global index in the entry, so positions, masks and
+/// windows see it where it sits. `Guard` as in row_tile.
 template <class Tr, bool Guard, class T, class E, class StateOf>
 void paged_item(attention_plan<T> const& p, view<const T> q, paged_run<T> const* runs, paged_chunk const& ch,
                 index_t u0, index_t u1, index_t groups, index_t kstride, index_t vstride, E const& enc,
@@ -99,20 +161,16 @@ void paged_item(attention_plan<T> const& p, view<const T> q, paged_run<T> const*
       last = std::max(last, r.last);
     }
   }
-  for (index_t ri = ch.r0; ri < ch.r1; ++ri) {
-    paged_run<T> const& run = runs[ri];
-    index_t const a0 = std::max(first, run.j0), a1 = std::min(last, run.j1);
-    if (a0 >= a1) continue;
-    view<const T> const k = chunk_view(run.k, run.j0, run.j1, p.kv_heads, p.head_dim, kstride);
-    view<const T> const v = chunk_view(run.v, run.j0, run.j1, p.kv_heads, p.value_dim, vstride);
-    for (index_t t0 = a0; t0 < a1; t0 += bk_v) {
-      index_t const nk = std::min(bk_v, a1 - t0);
-      for (index_t u = u0; u < u1; ++u) {
-        // This group's own visible union, clipped to the tile.
-        row_rows<Tr> const& r = rr[u - u0];
-        index_t const a = std::max(t0, r.first), e = std::min(t0 + nk, r.last);
-        if (a < e) row_tile<Tr, Guard>(p, k, v, enc, 0, u / groups, r, a, e - a, rot, sc, states(u));
-      }
+  paged_tile_rows<T> tr;
+  index_t ri = ch.r0;
+  for (index_t t0 = first; t0 < last; t0 += bk_v) {
+    index_t const nk = std::min(bk_v, last - t0);
+    gather_tile_rows(runs, &ri, t0, nk, kstride, vstride, tr);
+    for (index_t u = u0; u < u1; ++u) {
+      // This group's own visible union, clipped to the tile.
+      row_rows<Tr> const& r = rr[u - u0];
+      index_t const a = std::max(t0, r.first), e = std::min(t0 + nk, r.last);
+      if (a < e) paged_row_tile<Tr, Guard>(p, tr, a - t0, enc, u / groups, r, a, e - a, sc, states(u));
     }
   }
 }
