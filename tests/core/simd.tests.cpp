@@ -137,6 +137,37 @@ TEMPLATE_TEST_CASE("simd: exp is exact at 0, zero at -inf, finite over the softm
   CHECK(simd::reduce_max(simd::broadcast(-inf)) == -inf);
 }
 
+TEMPLATE_TEST_CASE("simd: exp and tanh of NaN, infinities and huge arguments", "[simd]", float, double) {
+  // Every lane a value whose integer part of x / ln 2 does not fit 64 bits (or has none). Run
+  // under clang's -fsanitize=float-cast-overflow (the sanitizer build), xsimd 8.1's double exp
+  // converted these with undefined scalar casts; the shim clamps them first.
+  constexpr auto W = simd::width<TestType>;
+  using lim = std::numeric_limits<TestType>;
+  TestType const cases[] = {lim::quiet_NaN(), lim::infinity(), -lim::infinity(), lim::max(), lim::lowest(),
+                            TestType(1e30), TestType(-1e30), TestType(-745), TestType(80), TestType(-104),
+                            TestType(50), TestType(-50), TestType(0.5), TestType(-0.5)};
+  std::vector<TestType> x(W), e(W), t(W);
+  for (TestType c : cases) {
+    for (posenc::index_t i = 0; i < W; ++i) x[i] = (i % 3 == 1) ? TestType(0.25) : c;
+    simd::store(e.data(), simd::exp(simd::load(x.data())));
+    simd::store(t.data(), simd::tanh(simd::load(x.data())));
+    for (posenc::index_t i = 0; i < W; ++i) {
+      CAPTURE(c, i);
+      TestType const want_e = std::exp(x[i]), want_t = std::tanh(x[i]);
+      if (std::isnan(want_e)) {
+        CHECK(std::isnan(e[i]));
+        CHECK(std::isnan(t[i]));
+      } else if (std::isinf(want_e)) {
+        CHECK(e[i] == want_e);
+        CHECK(t[i] == want_t);
+      } else {
+        CHECK(e[i] == posenc_test::Approx(want_e).epsilon(4e-7).margin(1e-30));
+        CHECK(t[i] == posenc_test::Approx(want_t).epsilon(4e-7).margin(1e-7));
+      }
+    }
+  }
+}
+
 TEMPLATE_TEST_CASE("simd: a dot-product loop with a partial tail at lengths around the width", "[simd]", float,
                    double) {
   // The loop shape every kernel uses: full batches, then load_partial for the rest.

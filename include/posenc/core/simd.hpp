@@ -116,9 +116,26 @@ inline batch<T, Arch> fma(batch<T, Arch> const& a, batch<T, Arch> const& b,
 #endif
 }
 
+/// x with NaN lanes as 0 and every other lane clamped to [-bound, bound].
+template <class T, class Arch>
+inline batch<T, Arch> clamp_finite(batch<T, Arch> const& x, T bound) noexcept {
+  batch<T, Arch> const b(bound);
+  batch<T, Arch> const x0 = xsimd::select(!(x == x), batch<T, Arch>(T(0)), x);  // ordered ==: false for NaN
+  return xsimd::min(xsimd::max(x0, -b), b);
+}
+
+/// e^x. For double, xsimd's exp turns x / ln 2 into 64-bit integers, which xsimd 8.1 does with a
+/// scalar loop on several ISAs (AVX-512 among them): there, NaN, infinities and |x| > 2^63 ln 2
+/// would be undefined conversions. The kernel is given x clamped to +-800 (where exp is already 0
+/// or Inf) with NaN as 0, and NaN is put back: the same values, defined behaviour.
 template <class T, class Arch>
 inline batch<T, Arch> exp(batch<T, Arch> const& x) noexcept {
-  return xsimd::exp(x);
+  if constexpr (std::is_same<T, double>::value) {
+    batch<T, Arch> const r = xsimd::exp(clamp_finite(x, 800.0));
+    return xsimd::select(!(x == x), x, r);
+  } else {
+    return xsimd::exp(x);
+  }
 }
 
 template <class T, class Arch>
@@ -133,9 +150,16 @@ inline batch<T, Arch> select(xsimd::batch_bool<T, Arch> const& cond, batch<T, Ar
   return xsimd::select(cond, a, b);
 }
 
+/// tanh x. For double, through exp's integer conversion as above: x clamped to +-40 (tanh is +-1
+/// exactly in double past 19.1) with NaN as 0, and NaN put back.
 template <class T, class Arch>
 inline batch<T, Arch> tanh(batch<T, Arch> const& x) noexcept {
-  return xsimd::tanh(x);
+  if constexpr (std::is_same<T, double>::value) {
+    batch<T, Arch> const r = xsimd::tanh(clamp_finite(x, 40.0));
+    return xsimd::select(!(x == x), x, r);
+  } else {
+    return xsimd::tanh(x);
+  }
 }
 
 namespace detail {
