@@ -5,6 +5,8 @@
 // after an untimed pass over a large buffer that evicts K and V from every
 // cache level), so the ratio counters hold up when the machine is busy:
 //   x_contiguous = paged decode time / contiguous kv_cache decode time (same sequence)
+//   x_read_layout = time to read the sequence's K and V once in its pages / the same read
+//                   of K and V laid contiguously (what the page layout alone costs the memory system)
 //   x_stream     = paged batched decode time / time to read all its K and V once
 //   x_contiguous (prefill) = causal prefill of a prompt over its pages / the same prefill on contiguous K and V
 #include <posenc/attention/attention.hpp>
@@ -65,6 +67,26 @@ float read_once(float const* x, std::int64_t n, int threads) {
   return s;
 }
 
+/// Sums every key and value of the pages in `table` once, in place, the
+/// pages split evenly over `threads` threads (a read of K and V in the pages' layout).
+float read_pages(posenc::paged_kv_cache<float> const& cache, posenc::span<const index_t> table, int threads) {
+  using B = posenc::simd::batch<float>;
+  constexpr index_t W = posenc::simd::width<float>;
+  index_t const n = static_cast<index_t>(table.size()), per = (n + threads - 1) / threads;
+  index_t const len = cache.page_tokens() * H * D;  // elements of one page, keys or values
+  std::vector<float> part(static_cast<std::size_t>(threads), 0.0f);
+  posenc::parallel_for(threads, threads, [&](index_t t) {
+    B acc(0.0f);
+    for (index_t i = t * per; i < std::min(n, (t + 1) * per); ++i)
+      for (float const* x : {cache.page_keys(table[i], 1).data, cache.page_values(table[i], 1).data})
+        for (index_t e = 0; e + W <= len; e += W) acc = acc + posenc::simd::load(x + e);
+    part[static_cast<std::size_t>(t)] = posenc::simd::reduce_add(acc);
+  });
+  float s = 0;
+  for (float v : part) s += v;
+  return s;
+}
+
 /// One sequence of 4096 tokens, 16-token pages. `scattered`: the sequence's
 /// pages alternate with another sequence's (every page its own run), else
 /// consecutive. Baseline: the same decode over a contiguous kv_cache.
@@ -97,7 +119,8 @@ void decode_vs_contiguous(benchmark::State& state, bool scattered, int threads) 
   auto run_contiguous = [&] { posenc::attention<posenc::path::fused>(qv, contiguous, ov, posenc::none{}, opt); };
   run_paged();
   run_contiguous();
-  double paged_s = 0, contiguous_s = 0;
+  double paged_s = 0, contiguous_s = 0, pages_read_s = 0, read_s = 0;
+  auto const table = paged.page_table(id);
   for (auto _ : state) {
     benchmark::DoNotOptimize(evict_caches(evict));
     auto const t0 = std::chrono::steady_clock::now();
@@ -109,11 +132,22 @@ void decode_vs_contiguous(benchmark::State& state, bool scattered, int threads) 
     run_contiguous();
     benchmark::ClobberMemory();
     auto const t3 = std::chrono::steady_clock::now();
+    benchmark::DoNotOptimize(evict_caches(evict));
+    auto const t4 = std::chrono::steady_clock::now();
+    benchmark::DoNotOptimize(read_pages(paged, table, threads));
+    auto const t5 = std::chrono::steady_clock::now();
+    benchmark::DoNotOptimize(evict_caches(evict));
+    auto const t6 = std::chrono::steady_clock::now();
+    benchmark::DoNotOptimize(read_once(k.data(), S * H * D, threads) + read_once(v.data(), S * H * D, threads));
+    auto const t7 = std::chrono::steady_clock::now();
     paged_s += std::chrono::duration<double>(t1 - t0).count();
     contiguous_s += std::chrono::duration<double>(t3 - t2).count();
+    pages_read_s += std::chrono::duration<double>(t5 - t4).count();
+    read_s += std::chrono::duration<double>(t7 - t6).count();
     state.SetIterationTime(std::chrono::duration<double>(t1 - t0).count());
   }
   state.counters["x_contiguous"] = contiguous_s > 0 ? paged_s / contiguous_s : 0.0;
+  state.counters["x_read_layout"] = read_s > 0 ? pages_read_s / read_s : 0.0;
   state.counters["threads"] = threads;
 }
 
