@@ -106,7 +106,8 @@ posenc::transformer_xl<float> const& transformer_xl_for(index_t H, index_t D, in
 }
 
 template <class Path>
-void attention_bench(benchmark::State& state, config c, enc_kind kind) {
+void attention_bench(benchmark::State& state, config c, enc_kind kind,
+                     posenc::product_precision products = posenc::product_precision::float32) {
   auto& q = random_floats("attention/q", static_cast<std::size_t>(c.Sq * c.Hq * c.D), 1);
   auto& k = random_floats("attention/k", static_cast<std::size_t>(c.Sk * c.Hkv * c.D), 2);
   auto& v = random_floats("attention/v", static_cast<std::size_t>(c.Sk * c.Hkv * c.D), 3);
@@ -118,6 +119,7 @@ void attention_bench(benchmark::State& state, config c, enc_kind kind) {
   posenc::attention_options<float> opt;
   opt.causal = c.causal;
   opt.threads = c.threads;
+  opt.products = products;
   // reserve() as a model does once at load: RoPE is then rotated inside the
   // tiles. Without it (rope_unreserved) the call rotates copies of q and k.
   posenc::rope<float> rope(posenc::rope_layout::half_split, c.D);
@@ -314,9 +316,11 @@ std::string name_of(std::string const& path, config const& c, std::string const&
 }
 
 template <class Path>
-void add(std::string const& path, config c, enc_kind kind = enc_kind::none, std::string const& extra = "") {
-  auto* b = benchmark::RegisterBenchmark(name_of(path, c, extra).c_str(),
-                                         [c, kind](benchmark::State& s) { attention_bench<Path>(s, c, kind); });
+void add(std::string const& path, config c, enc_kind kind = enc_kind::none, std::string const& extra = "",
+         posenc::product_precision products = posenc::product_precision::float32) {
+  auto* b = benchmark::RegisterBenchmark(name_of(path, c, extra).c_str(), [c, kind, products](benchmark::State& s) {
+    attention_bench<Path>(s, c, kind, products);
+  });
   b->Unit(benchmark::kMillisecond)->MinTime(0.3);
   if (c.Sq == 1)
     b->UseManualTime();  // the decode call alone (the read after it is timed apart)
@@ -381,6 +385,11 @@ int main(int argc, char** argv) {
                                  [c](benchmark::State& s) { half_prefill_bench<Eigen::bfloat16>(s, c); })
         ->Unit(benchmark::kMillisecond)->MinTime(0.3)->UseRealTime();
   }
+  // bfloat16 products (opt-in), beside the float fused rows of the same shape.
+  for (index_t S : {1024, 4096})
+    for (bool causal : {false, true})
+      add<fused>("fused", {S, S, 8, 8, 128, causal, 1}, enc_kind::none, "bf16_products",
+                 posenc::product_precision::bfloat16);
   // Encoders fused in, against plain at the same shape.
   for (index_t S : {1024, 4096})
   for (bool causal : {false, true}) {

@@ -166,6 +166,10 @@ void run_attention(view<const T> q, view<const KV> k, view<const KV> v, view<T> 
   } else {
     using K = kernel<typename dependent_path<Path, E>::type>;
     attention_plan<T> plan = make_plan(q, k, v, out, enc, opt);
+    if constexpr (!std::is_same_v<typename dependent_path<Path, E>::type, path::fused>) {
+      require(opt.products == product_precision::float32, "posenc::attention", "products is bfloat16, expected ",
+              "float32 on this path (bfloat16 products run on path::fused, and path::best without scores)");
+    }
     if constexpr (!K::provides_scores) {
       require(opt.scores == nullptr, "posenc::attention", "scores is set, expected null (this path "
               "does not produce the scores output; use path::reference or path::materialized)");

@@ -50,6 +50,8 @@ void run_attention_backward(view<const T> q, view<const T> k, view<const T> v, v
   view<T> const out_checked{const_cast<T*>(out.data), out.batch,        out.seq,        out.heads,      out.dim,
                             out.batch_stride,         out.seq_stride,   out.head_stride, out.dim_stride};
   attention_plan<T> plan = make_plan(q, k, v, out_checked, enc, opt, w);
+  require(opt.products == product_precision::float32, w,
+          "products is bfloat16, expected float32 (the backward pass computes float products)");
   validate_backward(w, q, k, v, out, dout, dq, dk, dv, enc, opt, grads, K::needs_lse);
   plan.lse = opt.lse;  // an input here: the forward pass's log-sum-exp
 

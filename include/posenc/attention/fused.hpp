@@ -12,6 +12,7 @@
 //   storage.hpp        K and V loads: T as it is, 16-bit rows widened in registers,
 //                      16-bit tiles widened into scratch (lane kernel)
 //   micro_kernels.hpp  register tiles of q.k and p v, for both layouts
+//   bf16_products.hpp  the lane kernel's products in bfloat16 (opt-in product_precision)
 //   softmax.hpp        online softmax (lane and row layouts), normalisation
 //   tile_plan.hpp      what a key tile is for a query block: one enum, one function
 //   rotary.hpp         RoPE of query rows and key tiles as they are loaded
@@ -62,10 +63,17 @@ void fused_attention(attention_plan<T> const& p, view<const T> q, view<const KV>
   // Relative keys need the row kernel, unless the encoder hands the lane
   // kernel its table by distance (transformer_xl; no value term).
   constexpr bool lanes_v = !encoder_traits<E>::relative_key_value || has_distance_columns<E, T>::value;
-  if (lanes_v && p.q_len * p.group >= Tr::lane_kernel_min_rows_v)
+  if (lanes_v && p.q_len * p.group >= Tr::lane_kernel_min_rows_v) {
+    if constexpr (std::is_same_v<T, float>) {
+      if (p.products == product_precision::bfloat16) {  // opt-in: an instantiation of its own
+        fused::run_lane_kernel<fused::bf16_product_traits<Tr>>(p, q, k, v, out, enc, rot);
+        return;
+      }
+    }
     fused::run_lane_kernel<Tr>(p, q, k, v, out, enc, rot);
-  else
-    fused::run_row_kernel<Tr>(p, q, k, v, out, enc, rot);
+  } else {
+    fused::run_row_kernel<Tr>(p, q, k, v, out, enc, rot);  // float products (decode, few rows, Shaw)
+  }
 }
 
 /// path::fused: see the top of this file.

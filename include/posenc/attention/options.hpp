@@ -29,6 +29,21 @@ enum class score_stage {
   probabilities,  ///< after the softmax (rows with no visible key are zeros)
 };
 
+/// Precision of the two products of the attention, q.k and p v.
+/// `bfloat16` is an opt-in speed mode of path::fused (and path::best when it
+/// runs the fused path) with float tensors: q (after rotation), k, v and the
+/// unnormalised probabilities p are rounded to bfloat16 (to nearest even) and
+/// multiplied pairwise, accumulated in float (AVX-512 BF16 `vdpbf16ps` where
+/// compiled in, else emulated with the same rounding). Softmax, masks, biases,
+/// softcap and the output stay float. Each rounding has a relative error of
+/// at most u = 2^-8; docs/attention.md ("bfloat16 products") states the bound
+/// on the output. Prefill rows (the lane kernel) use it; the row kernel
+/// (decode, few rows, Shaw) and the paged call compute in float.
+enum class product_precision {
+  float32,   ///< float products (the default; every path)
+  bfloat16,  ///< bfloat16 inputs, float accumulation (path::fused / path::best, float only)
+};
+
 /// A mask over (batch, head, q, k), broadcast along any dim given size 1
 /// (stride ignored there). The key dim is contiguous. A key extent shorter
 /// than the number of keys masks the keys past it (ONNX opset 24).
@@ -91,6 +106,10 @@ struct attention_options {
   score_stage scores_stage = score_stage::probabilities;
   /// Thread count; 0 = default (OpenMP's), 1 = serial.
   int threads = 0;
+  /// Precision of q.k and p v: float32 (default) or the opt-in bfloat16 mode
+  /// (see product_precision; path::fused and path::best with float tensors,
+  /// forward only).
+  product_precision products = product_precision::float32;
 };
 
 }  // namespace posenc

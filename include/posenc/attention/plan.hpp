@@ -117,6 +117,7 @@ struct attention_plan {
   T* scores = nullptr;                         // (batch, Hq, Sq, Sk) or null
   score_stage stage = score_stage::probabilities;
   int threads = 0;
+  product_precision products = product_precision::float32;  // of q.k and p v (fused lane kernel)
 
   bool has_masks() const noexcept { return !mask.empty() || !bool_mask.empty(); }
   bool restricts() const noexcept { return causal || window > 0; }
@@ -384,6 +385,10 @@ void validate(view<const T> q, view<const KV> k, view<const KV> v, view<T> out, 
   // a normal T (softcap also with a normal reciprocal), else it overflows,
   // becomes 0 or a subnormal, or makes inf * 0 = NaN in T although it is fine as double.
   char const* const t_name = std::is_same_v<T, float> ? "float" : "double";
+  require(opt.products == product_precision::float32 || opt.products == product_precision::bfloat16, w,
+          "products is ", static_cast<int>(opt.products), ", expected float32 or bfloat16");
+  require(opt.products == product_precision::float32 || std::is_same_v<T, float>, w,
+          "products is bfloat16 with ", t_name, " tensors, expected float32 (bfloat16 products are a float mode)");
   double const t_min = static_cast<double>(std::numeric_limits<T>::min());
   double const t_max = static_cast<double>(std::numeric_limits<T>::max());
   if (opt.scale) {
@@ -588,6 +593,7 @@ attention_plan<T> make_plan(view<const T> q, view<const KV> k, view<const KV> v,
   p.scores = opt.scores;
   p.stage = opt.scores_stage;
   p.threads = opt.threads;
+  p.products = opt.products;
   return p;
 }
 

@@ -487,4 +487,114 @@ inline void store_narrow_partial(std::uint16_t* p, batch<float, Arch> const& b, 
   for (index_t i = 0; i < n; ++i) p[i] = buf[i];
 }
 
+// ---------------------------------------------------------------------------
+// bfloat16 pair products (the attention's bfloat16 product mode).
+//
+// A pair batch is a batch<float, Arch> whose 32-bit lanes each hold two
+// bfloat16 encodings: the even element in the low 16 bits, the odd one in the
+// high 16 bits (the operand layout of AVX-512 BF16's vdpbf16ps). Its lanes are
+// bits, not floats: only the helpers below make or read them, and moves
+// (load, store, broadcast of one lane's 32 bits) keep them. Rounding is to
+// nearest, ties to even. Where the target has AVX-512 BF16 (`__AVX512BF16__`)
+// and Arch is AVX-512, the instructions run (they flush subnormal inputs,
+// products and sums to signed zero); elsewhere an emulation gives the same
+// rounding of the inputs (narrow<bfloat16>, subnormals kept) and the same
+// float accumulation (each product is exact in float: 8 x 8 significant bits),
+// lane by lane: correct on every ISA, not fast.
+// ---------------------------------------------------------------------------
+
+/// 1 when the bfloat16 pair helpers run AVX-512 BF16 instructions for Arch.
+template <class Arch = default_arch>
+inline constexpr bool native_bf16_products =
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+    std::is_base_of<xsimd::avx512f, Arch>::value;
+#else
+    false;
+#endif
+
+namespace detail {
+/// The 32 bits of a pair lane: bfloat16 of `even` low, of `odd` high.
+inline std::uint32_t bf16_pair_bits(float even, float odd) noexcept {
+  return static_cast<std::uint32_t>(narrow<half_format::bfloat16>(even)) |
+         (static_cast<std::uint32_t>(narrow<half_format::bfloat16>(odd)) << 16);
+}
+}  // namespace detail
+
+/// The pair batch whose lane i holds (even[i], odd[i]), each rounded to bfloat16.
+template <class Arch>
+inline batch<float, Arch> bf16_pairs(batch<float, Arch> const& even, batch<float, Arch> const& odd) noexcept {
+  using B = batch<float, Arch>;
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+  if constexpr (std::is_base_of<xsimd::avx512f, Arch>::value) {
+    // [even 0..15 | odd 0..15] as 16-bit elements, then interleaved.
+    __m512i const h = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(odd, even));
+    __m512i const idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                                         21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    return B(_mm512_castsi512_ps(_mm512_permutexvar_epi16(idx, h)));
+  }
+#endif
+  constexpr std::size_t n = B::size;
+  alignas(Arch::alignment()) float e[n], o[n], r[n];
+  even.store_aligned(e);
+  odd.store_aligned(o);
+  for (std::size_t i = 0; i < n; ++i) {
+    std::uint32_t const u = detail::bf16_pair_bits(e[i], o[i]);
+    std::memcpy(&r[i], &u, sizeof u);
+  }
+  return B::load_aligned(r);
+}
+
+/// Rounds the n floats at src to bfloat16 and stores them in order at dst as
+/// (n + 1) / 2 pair lanes (pairs (src[2e], src[2e + 1]); an odd n: the last high half 0).
+template <class Arch = default_arch>
+inline void store_bf16_row(float* dst, float const* src, index_t n) noexcept {
+  index_t i = 0;
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+  if constexpr (std::is_base_of<xsimd::avx512f, Arch>::value) {
+    for (; i + 32 <= n; i += 32) {
+      __m512bh const h = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + i + 16), _mm512_loadu_ps(src + i));
+      _mm512_storeu_si512(dst + i / 2, reinterpret_cast<__m512i>(h));
+    }
+    if (i < n) {  // the tail through the same instruction (the same rounding)
+      alignas(64) float buf[32] = {};
+      alignas(64) std::uint32_t out[16];
+      std::memcpy(buf, src + i, static_cast<std::size_t>(n - i) * sizeof(float));
+      _mm512_store_si512(out, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(_mm512_load_ps(buf + 16), _mm512_load_ps(buf))));
+      std::memcpy(dst + i / 2, out, static_cast<std::size_t>((n - i + 1) / 2) * sizeof(float));
+    }
+    return;
+  }
+#endif
+  for (; i < n; i += 2) {
+    std::uint32_t const u = detail::bf16_pair_bits(src[i], i + 1 < n ? src[i + 1] : 0.0f);
+    std::memcpy(dst + i / 2, &u, sizeof u);
+  }
+}
+
+/// acc + a.odd * b.odd + a.even * b.even, lane by lane, for pair batches a and
+/// b: the products exact, each addition rounded in float (vdpbf16ps's order).
+template <class Arch>
+inline batch<float, Arch> dot_bf16_pairs(batch<float, Arch> const& acc, batch<float, Arch> const& a,
+                                         batch<float, Arch> const& b) noexcept {
+  using B = batch<float, Arch>;
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+  if constexpr (std::is_base_of<xsimd::avx512f, Arch>::value)
+    return B(_mm512_dpbf16_ps(acc, reinterpret_cast<__m512bh>(static_cast<__m512>(a)),
+                              reinterpret_cast<__m512bh>(static_cast<__m512>(b))));
+#endif
+  constexpr std::size_t n = B::size;
+  alignas(Arch::alignment()) float s[n], x[n], y[n];
+  acc.store_aligned(s);
+  a.store_aligned(x);
+  b.store_aligned(y);
+  for (std::size_t i = 0; i < n; ++i) {
+    std::uint32_t const ua = detail::bits_of(x[i]), ub = detail::bits_of(y[i]);
+    float const ao = detail::float_from_bits(ua & 0xffff0000u), ae = detail::float_from_bits(ua << 16);
+    float const bo = detail::float_from_bits(ub & 0xffff0000u), be = detail::float_from_bits(ub << 16);
+    float const t = s[i] + ao * bo;  // exact products: fused or not, the same sums
+    s[i] = t + ae * be;
+  }
+  return B::load_aligned(s);
+}
+
 }  // namespace posenc::simd

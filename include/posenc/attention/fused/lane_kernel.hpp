@@ -22,6 +22,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "posenc/attention/fused/bf16_products.hpp"
 #include "posenc/attention/fused/micro_kernels.hpp"
 #include "posenc/attention/fused/rotary.hpp"
 #include "posenc/attention/fused/scratch.hpp"
@@ -57,6 +58,7 @@ struct lane_scratch {
   T* vtile;  // (block_kv_v, widened_value_dim) a widened value tile (16-bit V only)
   T* qrows;  // (block_q_v, head_dim) query rows being rotated
   T* diag;   // (block_kv_v + block_q_v) one diagonal of a shift-invariant bias
+  T* pairs;  // bfloat16 product operands (fused/bf16_products.hpp; nothing for float products)
 
   template <class Taker>
   void lay_out(Taker& c, index_t head_dim, index_t value_dim, index_t widened_value_dim = 0) {
@@ -77,6 +79,7 @@ struct lane_scratch {
     vtile = c.take(bk_v * widened_value_dim);  // nothing for K and V stored as T
     qrows = c.take(bq_v * head_dim);
     diag = c.take(bk_v + bq_v);
+    pairs = c.take(bf16_pair_elements<Tr>(head_dim, value_dim));
   }
 };
 
@@ -406,6 +409,8 @@ void lane_item_tiles(lane_item_context<Tr, E, KV> const& c, lane_scratch<Tr> con
   lane_logits<Tr> logit{static_cast<T>(p.scale), static_cast<T>(p.softcap),
                         p.softcap > 0 ? T(1) / static_cast<T>(p.softcap) : T(0), {}, 0, sc.bt, sc.diag, sc.rlo, sc.rhi};
   index_t const t_begin = span.first >= span.last ? 0 : span.first / bk_v * bk_v;
+  [[maybe_unused]] bf16_operands pairs{};
+  if constexpr (has_bf16_products_v<Tr>) pairs = bf16_begin_item<Tr>(sc, nb, head_dim, p.value_dim);
   for (index_t t0 = t_begin; t0 < span.last; t0 += bk_v) {
     index_t const nk = std::min(bk_v, span.last - t0);
     // K and V of T are read in place; 16-bit ones from ktile and vtile once
@@ -421,6 +426,7 @@ void lane_item_tiles(lane_item_context<Tr, E, KV> const& c, lane_scratch<Tr> con
     // The tile's keys at consecutive positions (once per tile, for every block).
     bool const diagonal_ready = c.diagonal_bias && keys_consecutive(p, c.b, t0, nk);
     int v_finite = -1;  // V of the tile all finite: tested once, for every block that uses the tile
+    [[maybe_unused]] bool paired = false;  // bfloat16 products: the tile's K and V pairs made
     for (index_t t = 0; t < nb; ++t) {
       tile_plan const tp = plan_tile(keys[t], t0, nk, c.per_key_terms, diagonal_ready);
       if (tp.kind == tile_kind::skipped) continue;
@@ -436,13 +442,25 @@ void lane_item_tiles(lane_item_context<Tr, E, KV> const& c, lane_scratch<Tr> con
       }
       auto const& bb = sc.blocks[t];
       index_t const nvec = lane_vectors<Tr>(keys[t].rows);
-      lane_tile_scores<Tr>(kt, ldk, tp.keys, head_dim, bb.qt, nvec, sc.st);
+      if constexpr (has_bf16_products_v<Tr>) {
+        if (!paired) bf16_pack_tile<Tr>(pairs, kt, ldk, vt, lane_value_stride(c), nk, head_dim, p.value_dim);
+        paired = true;
+        bf16_tile_scores<Tr>(pairs, t, tp.keys, head_dim, nvec, sc.st);
+      } else {
+        lane_tile_scores<Tr>(kt, ldk, tp.keys, head_dim, bb.qt, nvec, sc.st);
+      }
       if constexpr (has_distance_columns<E, T>::value) lane_tile_positions(c, sc, keys[t], bb.qt, tp, t0, nvec);
       lane_tile_terms(c, sc, keys[t], tp, t0, nk, nvec);
       logit.tp = tp;
       logit.nk = nk;
       lane_softmax_update<Tr>(sc.st, bq_v, tp.keys, nvec, bb.m, bb.l, bb.alpha, logit);
       if (Guard && v_finite < 0) v_finite = rows_finite<Tr>(vt, lane_value_stride(c), nk, p.value_dim) ? 1 : 0;
+      if constexpr (has_bf16_products_v<Tr>) {
+        if (v_finite != 0) {  // a guarded tile (V not all finite) takes the float step below
+          bf16_tile_values<Tr>(pairs, tp.keys, p.value_dim, sc.st, nvec, bb.alpha, bb.ot);
+          continue;
+        }
+      }
       lane_tile_values<Tr>(vt, lane_value_stride(c), tp.keys, p.value_dim, sc.st, nvec, bb.alpha, bb.ot, v_finite == 0);
     }
   }
