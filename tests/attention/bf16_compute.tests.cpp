@@ -9,6 +9,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -292,4 +294,57 @@ TEST_CASE("bf16 products: rejected where they do not run, before any write", "[b
                       "posenc::attention_backward: products is bfloat16, expected float32 (the backward pass "
                       "computes float products)");
   for (auto const& x : g) CHECK(std::all_of(x.begin(), x.end(), [](float e) { return e == -7.0f; }));
+}
+
+TEST_CASE("bf16 products: the simd pair helpers round to nearest even and add odd then even", "[bf16][simd]") {
+  using B = posenc::simd::batch<float>;
+  constexpr std::size_t w = B::size;
+  auto const bits = [](float x) {
+    std::uint32_t u;
+    std::memcpy(&u, &x, sizeof u);
+    return u;
+  };
+  auto const from_bits = [](std::uint32_t u) {
+    float x;
+    std::memcpy(&x, &u, sizeof x);
+    return x;
+  };
+  auto const pair_of = [&](float even, float odd) {
+    return static_cast<std::uint32_t>(posenc::simd::narrow<posenc::simd::half_format::bfloat16>(even)) |
+           (static_cast<std::uint32_t>(posenc::simd::narrow<posenc::simd::half_format::bfloat16>(odd)) << 16);
+  };
+  // Normal values, a third of them exact ties (a bfloat16 value + half its ulp) and their neighbours.
+  auto const data = posenc_test::random_vector<float>(4096, 0xe1, -8, 8);
+  std::vector<float> x(data);
+  for (std::size_t i = 0; i < x.size(); i += 3) x[i] = from_bits((bits(x[i]) & 0xffff0000u) | (0x8000u + static_cast<std::uint32_t>(i % 2)));
+  std::size_t bad_pairs = 0, bad_row = 0, bad_dot = 0;
+  for (std::size_t i = 0; i + 4 * w <= x.size(); i += 4 * w) {
+    B const a = B::load_unaligned(x.data() + i), b = B::load_unaligned(x.data() + i + w);
+    B const c = B::load_unaligned(x.data() + i + 2 * w), d = B::load_unaligned(x.data() + i + 3 * w);
+    B const pa = posenc::simd::bf16_pairs(a, b), pc = posenc::simd::bf16_pairs(c, d);
+    B const s = posenc::simd::dot_bf16_pairs(B(0.5f), pa, pc);
+    float ra[w], rs[w];
+    pa.store_unaligned(ra);
+    s.store_unaligned(rs);
+    for (std::size_t l = 0; l < w; ++l) {
+      float const* p = x.data() + i + l;
+      if (bits(ra[l]) != pair_of(p[0], p[w])) ++bad_pairs;
+      float const t = 0.5f + bf16(p[w]) * bf16(p[3 * w]);  // odd products first, as vdpbf16ps adds them
+      if (rs[l] != t + bf16(p[0]) * bf16(p[2 * w])) ++bad_dot;
+    }
+  }
+  for (index_t n = 1; n <= 70; ++n) {  // every tail length, the slots past (n + 1) / 2 untouched
+    std::vector<float> out(40, -7.0f);
+    posenc::simd::store_bf16_row(out.data(), x.data() + n, n);
+    for (index_t e = 0; e < 40; ++e) {
+      std::uint32_t const want =
+          e < (n + 1) / 2 ? pair_of(x[static_cast<std::size_t>(n + 2 * e)], 2 * e + 1 < n ? x[static_cast<std::size_t>(n + 2 * e + 1)] : 0.0f)
+                          : bits(-7.0f);
+      if (bits(out[static_cast<std::size_t>(e)]) != want) ++bad_row;
+    }
+  }
+  INFO(bad_pairs << " pair lanes, " << bad_row << " row slots, " << bad_dot << " dot lanes differ from the scalar rule");
+  CHECK(bad_pairs == 0);
+  CHECK(bad_row == 0);
+  CHECK(bad_dot == 0);
 }

@@ -41,12 +41,16 @@ namespace posenc::detail {
 /// Elements of T of the per-thread scratch of path::fused for head dims
 /// `head_dim` and `value_dim` and `kv_heads` kv heads: depends on the tile
 /// constants, the head dims and the head count only, never on the sequence lengths.
-/// (K and V stored in 16 bits add one widened value tile to the lane kernel's scratch.)
+/// (K and V stored in 16 bits add one widened value tile to the lane kernel's scratch;
+/// bfloat16 products, float only, their pair operands.)
 template <class T>
 index_t fused_scratch_elements(index_t head_dim, index_t value_dim, index_t kv_heads = 1) noexcept {
   using Tr = fused_default_traits<T>;
   constexpr index_t rg_v = Tr::row_group_v;
-  return std::max({fused::scratch_elements<fused::lane_scratch<Tr>>(head_dim, value_dim),
+  index_t lanes = fused::scratch_elements<fused::lane_scratch<Tr>>(head_dim, value_dim);
+  if constexpr (std::is_same_v<T, float>)
+    lanes = fused::scratch_elements<fused::lane_scratch<fused::bf16_product_traits<Tr>>>(head_dim, value_dim);
+  return std::max({lanes,
                    fused::scratch_elements<fused::row_scratch<Tr>>(head_dim, rg_v),
                    fused::scratch_elements<fused::row_scratch<Tr>>(
                        head_dim, kv_heads * Tr::max_decode_groups_v * rg_v)});
