@@ -89,7 +89,8 @@ void rope_case(benchmark::State& state, shape sh, posenc::rope_layout layout, bo
       std::memcpy(&b[i], &e, sizeof e);
     }
   };
-  std::string const key = std::is_same_v<E, float> ? "rope/" : std::is_same_v<E, Eigen::half> ? "rope_f16/" : "rope_bf16/";
+  std::string const key =
+      std::is_same_v<E, float> ? "rope/" : std::is_same_v<E, Eigen::half> ? "rope_f16/" : "rope_bf16/";
   auto& q = posenc_bench::persistent_buffer_filled<raw>(key + "q", sh.seq * sh.heads * sh.dim, fill);
   auto& k = posenc_bench::persistent_buffer_filled<raw>(key + "k", sh.seq * sh.heads * sh.dim, fill);
   auto qv = posenc::make_bshd(reinterpret_cast<E*>(q.data()), 1, sh.seq, sh.heads, sh.dim);

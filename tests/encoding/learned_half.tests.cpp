@@ -95,10 +95,9 @@ TEMPLATE_TEST_CASE("learned 16-bit: the table rounded once, then exactly the flo
   }
   SECTION("extended: the double interpolation of the widened table, rounded once") {
     auto const he = h.extended(40);
-    auto const de = learned<double>::copy_of(
-                        posenc::span<const double>(std::vector<double>(widened.begin(), widened.end()).data(), rows * d),
-                        rows, d, offset)
-                        .extended(40);
+    std::vector<double> const wd(widened.begin(), widened.end());
+    auto const dt = learned<double>::copy_of(posenc::span<const double>(wd.data(), rows * d), rows, d, offset);
+    auto const de = dt.extended(40);
     REQUIRE(he.rows() == de.rows());
     std::size_t bad = 0;
     for (index_t i = 0; i < he.rows() * d; ++i) bad += bits(he.table()[i]) != nearest<S>(de.table()[i]) ? 1 : 0;

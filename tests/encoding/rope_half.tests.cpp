@@ -50,7 +50,8 @@ struct strided_buffer {
   strided_buffer(index_t batch, index_t seq, index_t heads, index_t dim, index_t offset, std::uint64_t seed,
                  index_t head_gap = 3, index_t seq_gap = 5, index_t batch_gap = 7) {
     index_t const hs = dim + head_gap, ss = heads * hs + seq_gap, bs = seq * ss + batch_gap;
-    std::vector<float> const f = posenc_test::random_vector<float>(static_cast<std::size_t>(offset + batch * bs + 1), seed);
+    std::vector<float> const f =
+        posenc_test::random_vector<float>(static_cast<std::size_t>(offset + batch * bs + 1), seed);
     buf.resize(f.size());
     for (std::size_t i = 0; i < f.size(); ++i) buf[i] = posenc::detail::to_storage<S>(f[i]);
     v = {buf.data() + offset, batch, seq, heads, dim, bs, ss, hs, 1};
@@ -140,7 +141,8 @@ void check_rule(rope<float> const& r, strided_buffer<S> const& x, position_span 
   if (posenc_test::rope_kernels_bitwise_equal()) {
     CHECK(count_diff(got.buf, narrowed<S>(ref_f).buf) == 0);  // (2)
   } else {
-    CHECK(count_outside(got.buf, ref_f.buf, 8 * double(std::numeric_limits<float>::epsilon()) * max_abs(ref_f.buf)) == 0);
+    double const float_bound = 8 * double(std::numeric_limits<float>::epsilon()) * max_abs(ref_f.buf);
+    CHECK(count_outside(got.buf, ref_f.buf, float_bound) == 0);
   }
 }
 
