@@ -3,7 +3,9 @@
 //
 // Cases: batch 1, 4096 tokens, 32 q heads + 32 k heads, head_dim 128, f32:
 // both layouts, no scaling and YaRN, and partial rotary 25% (r = 32); batch 1,
-// 1024 tokens, 8 + 8 heads, head_dim 64. Each on 1 and 2 threads. The cos/sin
+// 1024 tokens, 8 + 8 heads, head_dim 64. Each on 1 and 2 threads. The same
+// rotations of 16-bit q and k ("rope_f16", "rope_bf16": widened, rotated in
+// float, rounded once) against an in-place stream of the same 16-bit bytes. The cos/sin
 // table is reserved before timing (one row per token, shared by all heads);
 // "rows_per_call" variants compute the rows inside the call instead.
 // Baselines: stream_rmw (x = x * a + b over the same bytes) on 1 thread and,
@@ -12,10 +14,14 @@
 // gives the counter x_stream = rope time / streaming time of the same bytes.
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
+#include <cstring>
 #include <functional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
+#include <posenc/core/half.hpp>
 #include <posenc/core/threading.hpp>
 #include <posenc/encoding/rope.hpp>
 
@@ -45,12 +51,29 @@ void stream_pass(float* q, float* k, index_t seq, index_t row, int threads) noex
   });
 }
 
+/// The same over 16-bit q and k: every element read and written (its lowest
+/// significand bit flipped, so the values stay near where they were).
+void stream_pass(std::uint16_t* q, std::uint16_t* k, index_t seq, index_t row, int threads) noexcept {
+  index_t const blocks = (seq + 15) / 16;
+  posenc::parallel_for(blocks, threads, [&](index_t b) noexcept {
+    index_t const first = b * 16 * row, m = std::min<index_t>(16, seq - b * 16) * row;
+    for (std::uint16_t* x : {q, k}) {
+      std::uint16_t* __restrict xp = x + first;
+      for (index_t i = 0; i < m; ++i) xp[i] = static_cast<std::uint16_t>(xp[i] ^ 1u);
+    }
+  });
+}
+
 /// Times rotate_qk; every iteration is followed by a streaming pass over the
 /// same bytes on the same threads, and the counter `x_stream` is the ratio of
 /// the two summed times. Measured back to back, the ratio holds up when other
 /// processes load the machine, which a separate baseline run does not.
+/// E: the element type of q and k (float, Eigen::half or Eigen::bfloat16).
+template <class E = float>
 void rope_case(benchmark::State& state, shape sh, posenc::rope_layout layout, bool yarn, index_t rotary_dim,
                int threads, bool reserve) {
+  // 16-bit tensors live in uint16_t buffers, viewed as E.
+  using raw = std::conditional_t<std::is_same_v<E, float>, float, std::uint16_t>;
   posenc::rope_options o;
   o.rotary_dim = rotary_dim;
   o.threads = threads;
@@ -60,13 +83,18 @@ void rope_case(benchmark::State& state, shape sh, posenc::rope_layout layout, bo
   // q and k are allocated and written once for the program, shared by every run
   // (posenc_bench::persistent_buffer); one untimed rotation and streaming pass
   // precede the timed loop. The streaming pass keeps the values near 1.
-  auto fill = [](posenc::aligned_buffer<float>& b) {
-    for (index_t i = 0; i < b.size(); ++i) b[i] = 0.001f * static_cast<float>(i % 1000);
+  auto fill = [](posenc::aligned_buffer<raw>& b) {
+    for (index_t i = 0; i < b.size(); ++i) {
+      E const e = posenc::detail::to_storage<E>(0.001f * static_cast<float>(i % 1000));
+      std::memcpy(&b[i], &e, sizeof e);
+    }
   };
-  auto& q = posenc_bench::persistent_buffer_filled<float>("rope/q", sh.seq * sh.heads * sh.dim, fill);
-  auto& k = posenc_bench::persistent_buffer_filled<float>("rope/k", sh.seq * sh.heads * sh.dim, fill);
-  auto qv = posenc::make_bshd(q.data(), 1, sh.seq, sh.heads, sh.dim);
-  auto kv = posenc::make_bshd(k.data(), 1, sh.seq, sh.heads, sh.dim);
+  std::string const key =
+      std::is_same_v<E, float> ? "rope/" : std::is_same_v<E, Eigen::half> ? "rope_f16/" : "rope_bf16/";
+  auto& q = posenc_bench::persistent_buffer_filled<raw>(key + "q", sh.seq * sh.heads * sh.dim, fill);
+  auto& k = posenc_bench::persistent_buffer_filled<raw>(key + "k", sh.seq * sh.heads * sh.dim, fill);
+  auto qv = posenc::make_bshd(reinterpret_cast<E*>(q.data()), 1, sh.seq, sh.heads, sh.dim);
+  auto kv = posenc::make_bshd(reinterpret_cast<E*>(k.data()), 1, sh.seq, sh.heads, sh.dim);
   rope.rotate_qk(qv, kv, posenc::position_span(0));
   stream_pass(q.data(), k.data(), sh.seq, sh.heads * sh.dim, threads);
   using clock = std::chrono::steady_clock;
@@ -87,7 +115,8 @@ void rope_case(benchmark::State& state, shape sh, posenc::rope_layout layout, bo
     stream_s += std::chrono::duration<double>(t2 - t1).count();
     state.SetIterationTime(r);
   }
-  state.SetBytesProcessed(state.iterations() * 2 * sh.bytes());
+  state.SetBytesProcessed(state.iterations() * 2 * sh.bytes() * static_cast<std::int64_t>(sizeof(E)) /
+                          static_cast<std::int64_t>(sizeof(float)));
   state.counters["x_stream"] = stream_s > 0 ? rope_s / stream_s : 0.0;
 }
 
@@ -144,6 +173,24 @@ int main(int argc, char** argv) {
                                  "/threads:" + std::to_string(t);
         add_manual(name, [v, layout, t](benchmark::State& s) { rope_case(s, v.sh, layout, v.yarn, v.r, t, true); });
       }
+  // 16-bit q and k: no scaling, full and partial rotary.
+  std::vector<variant> const variants16 = {{big, false, 128}, {big, false, 32}, {small, false, 64}};
+  for (auto const& v : variants16)
+    for (rope_layout layout : {rope_layout::half_split, rope_layout::interleaved})
+      for (int t : {1, 2})
+        for (bool bf : {false, true}) {
+          std::string const name = std::string(bf ? "rope_bf16/" : "rope_f16/") +
+                                   (layout == rope_layout::half_split ? "half" : "interleaved") + "/none/" +
+                                   v.sh.label() + "/r" + std::to_string(v.r) + "/threads:" + std::to_string(t);
+          if (bf)
+            add_manual(name, [v, layout, t](benchmark::State& s) {
+              rope_case<Eigen::bfloat16>(s, v.sh, layout, false, v.r, t, true);
+            });
+          else
+            add_manual(name, [v, layout, t](benchmark::State& s) {
+              rope_case<Eigen::half>(s, v.sh, layout, false, v.r, t, true);
+            });
+        }
   for (rope_layout layout : {rope_layout::half_split, rope_layout::interleaved})
     add_manual(std::string("rope_rows_per_call/") + (layout == rope_layout::half_split ? "half" : "interleaved") + "/none/" +
             big.label() + "/r128/threads:1",

@@ -21,6 +21,7 @@
 #include "posenc/core/aligned_buffer.hpp"
 #include "posenc/core/checked.hpp"
 #include "posenc/core/error.hpp"
+#include "posenc/core/half.hpp"
 #include "posenc/core/positions.hpp"
 #include "posenc/core/span.hpp"
 #include "posenc/core/view.hpp"
@@ -47,6 +48,37 @@ void truncated_normal_fill(T* out, index_t n, std::uint64_t seed, double stddev)
   }
 }
 
+/// x[0..d) = x * scale + row for a 16-bit row: the row is widened (exactly)
+/// in chunks and added by add_scaled_row, so the result is that of the float
+/// row bit for bit.
+template <class S>
+inline void add_scaled_row_widened(float* x, S const* row, index_t d, float scale) noexcept {
+  constexpr index_t chunk = 256;
+  alignas(64) float buf[chunk];
+  for (index_t i = 0; i < d; i += chunk) {
+    index_t const n = std::min(chunk, d - i);
+    widen_row<float>(row + i, n, buf);
+    add_scaled_row(x + i, buf, n, scale);
+  }
+}
+
+/// `x` rounded once to nearest even into the 16-bit type S. Through float
+/// with round-to-odd (24 significand bits >= 11 + 2), so no double rounding.
+template <class S>
+inline S round_double_to_storage(double x) noexcept {
+  float f = static_cast<float>(x);
+  if (std::isfinite(x) && std::isfinite(f) && static_cast<double>(f) != x) {
+    std::uint32_t u = 0;
+    std::memcpy(&u, &f, sizeof u);
+    if ((u & 1u) == 0) {  // inexact and even: step to the odd neighbour on x's side
+      bool const away = std::abs(x) > std::abs(static_cast<double>(f));
+      u = away ? u + 1 : u - 1;
+      std::memcpy(&f, &u, sizeof u);
+    }
+  }
+  return to_storage<S>(f);
+}
+
 }  // namespace detail
 
 /// A learned absolute position table. The table is either owned (copied from
@@ -60,19 +92,43 @@ void truncated_normal_fill(T* out, index_t n, std::uint64_t seed, double stddev)
 /// Thread safety: every member is const after construction; any number of
 /// threads may call add_to / value / fill at once.
 ///
-/// @tparam T float or double.
+/// 16-bit tables. learned<Eigen::half> and learned<Eigen::bfloat16> store
+/// the table in 16 bits (half the bytes) and compute in float: each entry is
+/// widened exactly when read, so add_to, value and fill give exactly what a
+/// learned<float> holding the widened table gives. A float table is loaded
+/// with `rounded_from` (each entry rounded once to nearest even).
+///
+/// @tparam T float, double, Eigen::half or Eigen::bfloat16 (the table's element type).
 template <class T = float>
 class learned {
-  static_assert(std::is_floating_point_v<T>, "posenc::learned: T must be float or double");
+  static_assert(std::is_floating_point_v<T> || is_half_storage_v<T>,
+                "posenc::learned: T must be float, double, Eigen::half or Eigen::bfloat16");
 
  public:
   using value_type = T;
+  /// The type of x, of values and of gradients: T, or float for a 16-bit table.
+  using compute_type = std::conditional_t<is_half_storage_v<T>, float, T>;
 
   /// An encoder owning a copy of `table` (row-major (rows, d_model)).
   static learned copy_of(span<const T> table, index_t rows, index_t d_model, index_t offset = 0) {
     check_table("posenc::learned::copy_of", table, rows, d_model, offset);
     auto buf = std::make_shared<aligned_buffer<T>>(rows * d_model);  // fits: check_table
     std::memcpy(buf->data(), table.data(), static_cast<std::size_t>(rows * d_model) * sizeof(T));
+    return learned(std::move(buf), rows, d_model, offset);
+  }
+
+  /// A 16-bit encoder owning `table` (row-major (rows, d_model), float)
+  /// rounded once per entry to nearest even.
+  template <class U = T, std::enable_if_t<is_half_storage_v<U>, int> = 0>
+  static learned rounded_from(span<const float> table, index_t rows, index_t d_model, index_t offset = 0) {
+    constexpr char const* where = "posenc::learned::rounded_from";
+    check_shape(where, rows, d_model, offset);
+    index_t const n = rows * d_model;  // fits: check_shape
+    detail::require(table.size() == n, where, "table.size is ", table.size(), ", expected ", n, " (rows ", rows,
+                    " * d_model ", d_model, ")");
+    detail::require(table.data() != nullptr, where, "table.data is null, expected a buffer of ", n, " elements");
+    auto buf = std::make_shared<aligned_buffer<T>>(n);
+    for (index_t i = 0; i < n; ++i) (*buf)[i] = detail::to_storage<T>(table[i]);
     return learned(std::move(buf), rows, d_model, offset);
   }
 
@@ -94,10 +150,16 @@ class learned {
     detail::require(std::isfinite(stddev) && stddev >= 0, where, "stddev is ", stddev, ", expected >= 0 and finite");
     detail::require(padding_row >= -1 && padding_row < rows, where, "padding_row is ", padding_row,
                     ", expected -1 (none) or in [0, ", rows, ") (rows)");
-    auto buf = std::make_shared<aligned_buffer<T>>(rows * d_model);  // fits: check_shape
-    detail::truncated_normal_fill(buf->data(), rows * d_model, seed, stddev);
-    if (padding_row >= 0) std::fill_n(buf->data() + padding_row * d_model, d_model, T(0));
-    return learned(std::move(buf), rows, d_model, offset);
+    if constexpr (is_half_storage_v<T>) {
+      // The draws of learned<float>::random, each rounded once.
+      auto const f = learned<float>::random(rows, d_model, seed, offset, stddev, padding_row);
+      return rounded_from(f.table(), rows, d_model, offset);
+    } else {
+      auto buf = std::make_shared<aligned_buffer<T>>(rows * d_model);  // fits: check_shape
+      detail::truncated_normal_fill(buf->data(), rows * d_model, seed, stddev);
+      if (padding_row >= 0) std::fill_n(buf->data() + padding_row * d_model, d_model, T(0));
+      return learned(std::move(buf), rows, d_model, offset);
+    }
   }
 
   // Copies share the table; there are no move operations, so a moved-from
@@ -128,16 +190,16 @@ class learned {
   }
 
   /// PE[pos, column] = W[pos + offset, column].
-  T value(index_t pos, index_t column) const {
+  compute_type value(index_t pos, index_t column) const {
     constexpr char const* where = "posenc::learned::value";
     check_row(where, "pos", pos);
     detail::require(column >= 0 && column < d_, where, "column is ", column, ", expected in [0, ", d_,
                     ") (d_model)");
-    return data_[(pos + offset_) * d_ + column];
+    return detail::stored_value<compute_type>(data_[(pos + offset_) * d_ + column]);
   }
 
   /// Writes PE[first_pos .. first_pos+count-1] into `out` (row-major (count, d_model)).
-  void fill(index_t first_pos, index_t count, span<T> out) const {
+  void fill(index_t first_pos, index_t count, span<compute_type> out) const {
     constexpr char const* where = "posenc::learned::fill";
     detail::require(count >= 0, where, "count is ", count, ", expected >= 0");
     index_t const n = detail::checked_mul(where, count, d_, "count x d_model");
@@ -145,16 +207,19 @@ class learned {
     if (count == 0) return;
     check_row(where, "first_pos", first_pos);
     check_row(where, "last position", detail::checked_add(where, first_pos, count - 1, "first_pos + count - 1"));
-    std::memcpy(out.data(), data_ + (first_pos + offset_) * d_, static_cast<std::size_t>(count * d_) * sizeof(T));
+    if constexpr (is_half_storage_v<T>)
+      detail::widen_row<float>(data_ + (first_pos + offset_) * d_, count * d_, out.data());
+    else
+      std::memcpy(out.data(), data_ + (first_pos + offset_) * d_, static_cast<std::size_t>(count * d_) * sizeof(T));
   }
 
   /// x[b, s, :] += W[pos(b, s) + offset] for every token of x (batch, seq, d_model).
   /// Checks x and every position first (throws posenc::error, x untouched).
-  void add_to(token_view<T> x, position_span pos) const { add_to(x, pos, T(1)); }
+  void add_to(token_view<compute_type> x, position_span pos) const { add_to(x, pos, compute_type(1)); }
 
   /// x[b, s, :] = x[b, s, :] * x_scale + W[pos(b, s) + offset] (an embedding
   /// scale fused into the add; BART with scale_embedding uses sqrt(d_model)).
-  void add_to(token_view<T> x, position_span pos, T x_scale) const {
+  void add_to(token_view<compute_type> x, position_span pos, compute_type x_scale) const {
     constexpr char const* where = "posenc::learned::add_to";
     detail::check_view(where, "x", x);
     detail::check_equal(where, "x.dim", x.dim, d_, "d_model");
@@ -171,7 +236,10 @@ class learned {
     }
     for (index_t b = 0; b < x.batch; ++b) {
       for (index_t s = 0; s < x.seq; ++s) {
-        detail::add_scaled_row(x.ptr(b, s), data_ + (pos.at(b, s) + offset_) * d_, d_, x_scale);
+        if constexpr (is_half_storage_v<T>)
+          detail::add_scaled_row_widened(x.ptr(b, s), data_ + (pos.at(b, s) + offset_) * d_, d_, x_scale);
+        else
+          detail::add_scaled_row(x.ptr(b, s), data_ + (pos.at(b, s) + offset_) * d_, d_, x_scale);
       }
     }
   }
@@ -181,8 +249,8 @@ class learned {
   /// Gradient of the table, row-major (rows, d_model) like table(): reserved
   /// rows included (a padding row read at position -1 gets its gradient too).
   struct gradients {
-    std::vector<T> table;
-    void set_zero() { std::fill(table.begin(), table.end(), T(0)); }
+    std::vector<compute_type> table;
+    void set_zero() { std::fill(table.begin(), table.end(), compute_type(0)); }
     /// Throws unless o.table has as many values.
     void check_same_shape(char const* where, gradients const& o) const {
       detail::check_same_gradient_shape(where, "table", table, o.table);
@@ -195,7 +263,9 @@ class learned {
     }
   };
   /// Zeros of rows() x d_model().
-  gradients make_gradients() const { return {std::vector<T>(static_cast<std::size_t>(rows_ * d_), T(0))}; }
+  gradients make_gradients() const {
+    return {std::vector<compute_type>(static_cast<std::size_t>(rows_ * d_), compute_type(0))};
+  }
   /// Throws unless g.table has rows() x d_model() values.
   void check_gradients(char const* where, gradients const& g) const {
     auto const n = static_cast<index_t>(g.table.size());
@@ -210,7 +280,7 @@ class learned {
   /// fairseq_positions). d(x) passes through unchanged (times x_scale when
   /// add_to scaled x). Checks dx, g and every position first (throws
   /// posenc::error, g untouched).
-  void add_to_backward(token_view<const T> dx, position_span pos, gradients& g) const {
+  void add_to_backward(token_view<const compute_type> dx, position_span pos, gradients& g) const {
     constexpr char const* where = "posenc::learned::add_to_backward";
     detail::check_view(where, "dx", dx);
     detail::check_equal(where, "dx.dim", dx.dim, d_, "d_model");
@@ -227,8 +297,8 @@ class learned {
     }
     for (index_t b = 0; b < dx.batch; ++b) {
       for (index_t s = 0; s < dx.seq; ++s) {
-        T* row = g.table.data() + (pos.at(b, s) + offset_) * d_;
-        detail::add_scaled_row(row, dx.ptr(b, s), d_, T(1));
+        compute_type* row = g.table.data() + (pos.at(b, s) + offset_) * d_;
+        detail::add_scaled_row(row, dx.ptr(b, s), d_, compute_type(1));
       }
     }
   }
@@ -267,12 +337,20 @@ class learned {
       T const* r1 = src + i1 * d_;
       T* out = dst + t * d_;
       for (index_t c = 0; c < d_; ++c)
-        out[c] = static_cast<T>((1.0 - a) * static_cast<double>(r0[c]) + a * static_cast<double>(r1[c]));
+        out[c] = to_table((1.0 - a) * detail::stored_value<double>(r0[c]) + a * detail::stored_value<double>(r1[c]));
     }
     return learned(std::move(buf), new_rows, d_, offset_);
   }
 
  private:
+  /// A double rounded once to the table's type.
+  static T to_table(double x) noexcept {
+    if constexpr (is_half_storage_v<T>)
+      return detail::round_double_to_storage<T>(x);
+    else
+      return static_cast<T>(x);
+  }
+
   learned(std::shared_ptr<aligned_buffer<T>> own, index_t rows, index_t d, index_t offset)
       : learned(std::shared_ptr<aligned_buffer<T> const>(own), own->data(), rows, d, offset) {}
   learned(std::shared_ptr<aligned_buffer<T> const> own, T const* data, index_t rows, index_t d, index_t offset)

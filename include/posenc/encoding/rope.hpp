@@ -20,6 +20,7 @@
 #include "posenc/core/aligned_buffer.hpp"
 #include "posenc/core/checked.hpp"
 #include "posenc/core/error.hpp"
+#include "posenc/core/half.hpp"
 #include "posenc/core/positions.hpp"
 #include "posenc/core/simd.hpp"
 #include "posenc/core/span.hpp"
@@ -103,39 +104,85 @@ void rope_rotate_scalar(rope_layout layout, T* out, T const* in, T const* c, T c
   }
 }
 
+// Storage. The kernels read and write elements of type S and compute in T.
+// S is T (float, double), or a 16-bit type (Eigen::half, Eigen::bfloat16) with
+// T = float: each element is widened exactly when loaded and rounded once, to
+// nearest even, when stored (simd::load_widen / store_narrow). For S == T the
+// helpers are the plain loads and stores, so those kernels are unchanged: the
+// float and double instantiations compile to the same instructions as without
+// the 16-bit path (objdump, GCC 12 -O2 -march=native). The helpers are plain
+// `inline`; forcing them inline changed GCC's inlining order and its register
+// allocation of the float kernels.
+
+/// A stored element as T.
+template <class T, class S>
+inline T rope_get(S x) noexcept {
+  if constexpr (std::is_same_v<S, T>)
+    return x;
+  else
+    return stored_value<T>(x);
+}
+
+/// A T value as storage type S (rounded once for 16 bits).
+template <class S, class T>
+inline S rope_put(T x) noexcept {
+  if constexpr (std::is_same_v<S, T>)
+    return x;
+  else
+    return to_storage<S>(x);
+}
+
+/// One vector of T from S values at p (unaligned).
+template <class T, class Arch, class S>
+inline simd::batch<T, Arch> rope_load(S const* p) noexcept {
+  if constexpr (std::is_same_v<S, T>)
+    return simd::load<T, Arch>(p);
+  else
+    return simd::load_widen<half_format_of_v<S>, Arch>(half_bits(p));
+}
+
+/// Stores one vector of T as S values at p (unaligned).
+template <class S, class T, class Arch>
+inline void rope_store(S* p, simd::batch<T, Arch> const& b) noexcept {
+  if constexpr (std::is_same_v<S, T>)
+    simd::store(p, b);
+  else
+    simd::store_narrow<half_format_of_v<S>>(reinterpret_cast<std::uint16_t*>(p), b);
+}
+
 // The tails (rotary_dim not a multiple of the vector width) are scalar: the
 // same single-rounding fma per element as the vector lanes, so a row gives the
 // same bits whichever part of it a pair falls in; and no stack round trip
 // (partial loads through a buffer cost more than the tail itself).
 
 /// Pairs [k, h) of the half-split kernel, k > h - width.
-template <bool Inverse, class T>
-inline void rope_rotate_half_tail(T* out, T const* in, T const* c, T const* s, index_t h, index_t k, T g) noexcept {
+template <bool Inverse, class T, class S>
+inline void rope_rotate_half_tail(S* out, S const* in, T const* c, T const* s, index_t h, index_t k, T g) noexcept {
   for (; k < h; ++k) {
-    T const a = in[k], b = in[h + k];
+    T const a = rope_get<T>(in[k]), b = rope_get<T>(in[h + k]);
     if constexpr (!Inverse) {
-      out[k] = std::fma(a, c[k], -(b * s[k]));
-      out[h + k] = std::fma(b, c[k], a * s[k]);
+      out[k] = rope_put<S>(std::fma(a, c[k], -(b * s[k])));
+      out[h + k] = rope_put<S>(std::fma(b, c[k], a * s[k]));
     } else {
-      out[k] = std::fma(a, c[k], b * s[k]) * g;
-      out[h + k] = std::fma(b, c[k], -(a * s[k])) * g;
+      out[k] = rope_put<S>(std::fma(a, c[k], b * s[k]) * g);
+      out[h + k] = rope_put<S>(std::fma(b, c[k], -(a * s[k])) * g);
     }
   }
 }
 
 /// Components [k, r) of the interleaved kernel (whole pairs: r and the width are even).
 /// c = [c0, c0, ...], s = [-s0, s0, ...] as in the vector kernel.
-template <bool Inverse, class T>
-inline void rope_rotate_interleaved_tail(T* out, T const* in, T const* c, T const* s, index_t r, index_t k,
+template <bool Inverse, class T, class S>
+inline void rope_rotate_interleaved_tail(S* out, S const* in, T const* c, T const* s, index_t r, index_t k,
                                          T g) noexcept {
   for (; k < r; k += 2) {
-    T const a = in[k], b = in[k + 1];
+    T const a = rope_get<T>(in[k]), b = rope_get<T>(in[k + 1]);
     if constexpr (!Inverse) {
-      out[k] = std::fma(a, c[k], b * s[k]);  // b * (-s) == -(b * s)
-      out[k + 1] = std::fma(b, c[k + 1], a * s[k + 1]);
+      out[k] = rope_put<S>(std::fma(a, c[k], b * s[k]));  // b * (-s) == -(b * s)
+      out[k + 1] = rope_put<S>(std::fma(b, c[k + 1], a * s[k + 1]));
     } else {
-      out[k] = std::fma(a, c[k], -(b * s[k])) * g;
-      out[k + 1] = std::fma(b, c[k + 1], -(a * s[k + 1])) * g;
+      out[k] = rope_put<S>(std::fma(a, c[k], -(b * s[k])) * g);
+      out[k + 1] = rope_put<S>(std::fma(b, c[k + 1], -(a * s[k + 1])) * g);
     }
   }
 }
@@ -153,8 +200,8 @@ inline void prefetch_span(T const* p, index_t bytes) noexcept {
 }
 
 /// Half-split layout: two contiguous halves [0, h) and [h, 2h); c, s hold h values.
-template <bool Inverse, class Arch, class T>
-void rope_rotate_half(T* out, T const* in, T const* c, T const* s, index_t h, T g) noexcept {
+template <bool Inverse, class Arch, class T, class S>
+void rope_rotate_half(S* out, S const* in, T const* c, T const* s, index_t h, T g) noexcept {
   using B = simd::batch<T, Arch>;
   constexpr index_t W = simd::width<T, Arch>;
   B const gg(g);
@@ -169,12 +216,12 @@ void rope_rotate_half(T* out, T const* in, T const* c, T const* s, index_t h, T 
   };
   index_t k = 0;
   for (; k + W <= h; k += W) {
-    B const a = simd::load<T, Arch>(in + k), b = simd::load<T, Arch>(in + h + k);
+    B const a = rope_load<T, Arch>(in + k), b = rope_load<T, Arch>(in + h + k);
     B const cc = simd::load<T, Arch>(c + k), ss = simd::load<T, Arch>(s + k);
     B na, nb;
     step(a, b, cc, ss, na, nb);
-    simd::store(out + k, na);
-    simd::store(out + h + k, nb);
+    rope_store(out + k, na);
+    rope_store(out + h + k, nb);
   }
   if (k < h) rope_rotate_half_tail<Inverse>(out, in, c, s, h, k, g);
 }
@@ -182,8 +229,8 @@ void rope_rotate_half(T* out, T const* in, T const* c, T const* s, index_t h, T 
 /// Interleaved layout: x' = fma(x, C, swap_pairs(x) * S) with C = [c0, c0, c1, c1, ...]
 /// and S = [-s0, s0, -s1, s1, ...] (r values each: the expanded row that
 /// rope_expand_interleaved writes from the compact one).
-template <bool Inverse, class Arch, class T>
-void rope_rotate_interleaved(T* out, T const* in, T const* c, T const* s, index_t r, T g) noexcept {
+template <bool Inverse, class Arch, class T, class S>
+void rope_rotate_interleaved(S* out, S const* in, T const* c, T const* s, index_t r, T g) noexcept {
   using B = simd::batch<T, Arch>;
   constexpr index_t W = simd::width<T, Arch>;
   B const gg(g);
@@ -197,9 +244,9 @@ void rope_rotate_interleaved(T* out, T const* in, T const* c, T const* s, index_
   };
   index_t k = 0;
   for (; k + W <= r; k += W) {
-    B x = simd::load<T, Arch>(in + k);
+    B x = rope_load<T, Arch>(in + k);
     simd::keep_in_register(x);  // one load for the shuffle and the FMA
-    simd::store(out + k, step(x, simd::load<T, Arch>(c + k), simd::load<T, Arch>(s + k)));
+    rope_store(out + k, step(x, simd::load<T, Arch>(c + k), simd::load<T, Arch>(s + k)));
   }
   if (k < r) rope_rotate_interleaved_tail<Inverse>(out, in, c, s, r, k, g);
 }
@@ -209,12 +256,12 @@ void rope_rotate_interleaved(T* out, T const* in, T const* c, T const* s, index_
 /// the constructor loads the cos/sin vectors once and they stay in registers
 /// for every head of every tensor of the token, so a head row costs its own
 /// loads, FMAs and stores only. Same arithmetic as the one-row kernels.
-template <rope_layout L, bool Inverse, class Arch, int NV, class T>
+template <rope_layout L, bool Inverse, class Arch, int NV, class T, class S = T>
 struct rope_token_kernel {
   using B = simd::batch<T, Arch>;
   static constexpr index_t W = simd::width<T, Arch>;
   static constexpr index_t h = NV * W;  // half-split: pairs; interleaved: rotated components
-  static constexpr index_t row_bytes = (L == rope_layout::half_split ? 2 * h : h) * static_cast<index_t>(sizeof(T));
+  static constexpr index_t row_bytes = (L == rope_layout::half_split ? 2 * h : h) * static_cast<index_t>(sizeof(S));
   B cc[static_cast<std::size_t>(NV)], ss[static_cast<std::size_t>(NV)];
   B gg;
 
@@ -254,30 +301,30 @@ struct rope_token_kernel {
 
   /// `heads` rows `in_stride` / `out_stride` apart; `pf` (elements): how far
   /// ahead of a row the next loads are prefetched (0: none).
-  POSENC_ALWAYS_INLINE void operator()(T* out, index_t out_stride, T const* in, index_t in_stride, index_t heads,
+  POSENC_ALWAYS_INLINE void operator()(S* out, index_t out_stride, S const* in, index_t in_stride, index_t heads,
                                        index_t pf) const noexcept {
     for (index_t hd = 0; hd < heads; ++hd, in += in_stride, out += out_stride) {
       if (pf != 0) prefetch_span(in + pf, row_bytes);
       if constexpr (L == rope_layout::half_split) {
         for (int j = 0; j < NV; ++j) {
-          B const a = simd::load<T, Arch>(in + j * W), b = simd::load<T, Arch>(in + h + j * W);
+          B const a = rope_load<T, Arch>(in + j * W), b = rope_load<T, Arch>(in + h + j * W);
           if constexpr (!Inverse) {
-            simd::store(out + j * W, simd::fma(a, cc[j], -(b * ss[j])));
-            simd::store(out + h + j * W, simd::fma(b, cc[j], a * ss[j]));
+            rope_store(out + j * W, simd::fma(a, cc[j], -(b * ss[j])));
+            rope_store(out + h + j * W, simd::fma(b, cc[j], a * ss[j]));
           } else {
-            simd::store(out + j * W, simd::fma(a, cc[j], b * ss[j]) * gg);
-            simd::store(out + h + j * W, simd::fma(b, cc[j], -(a * ss[j])) * gg);
+            rope_store(out + j * W, simd::fma(a, cc[j], b * ss[j]) * gg);
+            rope_store(out + h + j * W, simd::fma(b, cc[j], -(a * ss[j])) * gg);
           }
         }
       } else {
         for (int j = 0; j < NV; ++j) {
-          B x = simd::load<T, Arch>(in + j * W);
+          B x = rope_load<T, Arch>(in + j * W);
           simd::keep_in_register(x);  // one load for the shuffle and the FMA
           B const sw = simd::swap_pairs(x);
           if constexpr (!Inverse)
-            simd::store(out + j * W, simd::fma(x, cc[j], sw * ss[j]));
+            rope_store(out + j * W, simd::fma(x, cc[j], sw * ss[j]));
           else
-            simd::store(out + j * W, simd::fma(x, cc[j], -(sw * ss[j])) * gg);
+            rope_store(out + j * W, simd::fma(x, cc[j], -(sw * ss[j])) * gg);
         }
       }
     }
@@ -297,11 +344,11 @@ inline std::pair<T const*, T const*> rope_expand_interleaved(T const* c, T const
 }
 
 /// Every head row of one token with the one-row kernels (any rotary_dim, with tails).
-template <rope_layout L, bool Inverse, class Arch, class T>
-void rope_rotate_heads_any(T* out, index_t out_stride, T const* in, index_t in_stride, index_t heads, T const* c,
+template <rope_layout L, bool Inverse, class Arch, class T, class S>
+void rope_rotate_heads_any(S* out, index_t out_stride, S const* in, index_t in_stride, index_t heads, T const* c,
                            T const* s, index_t r, T g, index_t pf) noexcept {
   for (index_t hd = 0; hd < heads; ++hd, in += in_stride, out += out_stride) {
-    if (pf != 0) prefetch_span(in + pf, r * static_cast<index_t>(sizeof(T)));
+    if (pf != 0) prefetch_span(in + pf, r * static_cast<index_t>(sizeof(S)));
     if constexpr (L == rope_layout::half_split)
       rope_rotate_half<Inverse, Arch>(out, in, c, s, r / 2, g);
     else
@@ -344,11 +391,15 @@ constexpr int rope_fixed_vectors(index_t r) noexcept {
 /// rotate calls); without it, or for positions past the table or a length
 /// that selects other frequencies, rows are computed per token in double.
 ///
-/// @tparam T float or double.
+/// 16-bit tensors. rope<float> also rotates Eigen::half and Eigen::bfloat16
+/// views in place or into a copy: loaded and widened, rotated in float,
+/// rounded once when stored (see "16-bit tensors" below).
+///
+/// @tparam T float or double (the compute and cos/sin type).
 template <class T = float>
 class rope {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
-                "posenc::rope: T must be float or double; widen half-precision data to float");
+                "posenc::rope: T must be float or double; 16-bit tensors rotate with rope<float>");
 
  public:
   using value_type = T;
@@ -495,26 +546,26 @@ class rope {
   /// selects the frequencies of dynamic NTK and LongRoPE. This is the hook the
   /// attention kernels call.
   void rotate(view<T> x, position_span pos, index_t length) const {
-    run("posenc::rope::rotate", x, x, nullptr, pos, &length, false);
+    run<T>("posenc::rope::rotate", x, x, nullptr, pos, &length, false);
   }
   /// In place, length = largest position + 1.
-  void rotate(view<T> x, position_span pos) const { run("posenc::rope::rotate", x, x, nullptr, pos, nullptr, false); }
+  void rotate(view<T> x, position_span pos) const { run<T>("posenc::rope::rotate", x, x, nullptr, pos, nullptr, false); }
 
   /// Out of place: out = rotate(in); the pass-through tail is copied. `out`
   /// must have in's shape and may be `in` itself, but not partially overlap it.
   void rotate_copy(view<const T> in, view<T> out, position_span pos, index_t length) const {
-    run("posenc::rope::rotate_copy", in, out, nullptr, pos, &length, false);
+    run<T>("posenc::rope::rotate_copy", in, out, nullptr, pos, &length, false);
   }
   void rotate_copy(view<const T> in, view<T> out, position_span pos) const {
-    run("posenc::rope::rotate_copy", in, out, nullptr, pos, nullptr, false);
+    run<T>("posenc::rope::rotate_copy", in, out, nullptr, pos, nullptr, false);
   }
 
   /// Queries and keys in one call (same batch, seq and positions; head counts may differ, as in GQA).
   void rotate_qk(view<T> q, view<T> k, position_span pos, index_t length) const {
-    run_qk("posenc::rope::rotate_qk", q, k, pos, &length);
+    run_qk<T>("posenc::rope::rotate_qk", q, k, pos, &length);
   }
   void rotate_qk(view<T> q, view<T> k, position_span pos) const {
-    run_qk("posenc::rope::rotate_qk", q, k, pos, nullptr);
+    run_qk<T>("posenc::rope::rotate_qk", q, k, pos, nullptr);
   }
 
   /// Un-rotates (angle -phi, divided by a^2 where a is the attention factor):
@@ -524,10 +575,10 @@ class rope {
   /// cache it applies the transpose (angle -phi, values as given), the inverse
   /// when cos^2 + sin^2 = 1.
   void rotate_inverse(view<T> x, position_span pos, index_t length) const {
-    run("posenc::rope::rotate_inverse", x, x, nullptr, pos, &length, true);
+    run<T>("posenc::rope::rotate_inverse", x, x, nullptr, pos, &length, true);
   }
   void rotate_inverse(view<T> x, position_span pos) const {
-    run("posenc::rope::rotate_inverse", x, x, nullptr, pos, nullptr, true);
+    run<T>("posenc::rope::rotate_inverse", x, x, nullptr, pos, nullptr, true);
   }
 
   /// The transposed rotation, in place: x = R(pos)^T x (angle -phi, times a^2
@@ -536,48 +587,127 @@ class rope {
   /// rotation: the backward hook of rotate (posenc/encoding/traits.hpp).
   /// Frequencies are not trained. Same arguments and checks as rotate.
   void rotate_transpose(view<T> x, position_span pos, index_t length) const {
-    run("posenc::rope::rotate_transpose", x, x, nullptr, pos, &length, true, false, true);
+    run<T>("posenc::rope::rotate_transpose", x, x, nullptr, pos, &length, true, false, true);
   }
   void rotate_transpose(view<T> x, position_span pos) const {
-    run("posenc::rope::rotate_transpose", x, x, nullptr, pos, nullptr, true, false, true);
+    run<T>("posenc::rope::rotate_transpose", x, x, nullptr, pos, nullptr, true, false, true);
   }
 
   // --- rotation with caller-supplied cos/sin ----------------------------
 
   /// In place with a cache indexed by position id (rows must exceed the largest id).
   void rotate(view<T> x, position_span pos, rope_cache<T> const& cache) const {
-    run("posenc::rope::rotate", x, x, &cache, pos, nullptr, false);
+    run<T>("posenc::rope::rotate", x, x, &cache, pos, nullptr, false);
   }
   /// In place with a per-token cache (batch, seq, rotary_dim / 2).
   void rotate(view<T> x, rope_cache<T> const& cache) const {
-    run("posenc::rope::rotate", x, x, &cache, position_span(0), nullptr, false, true);
+    run<T>("posenc::rope::rotate", x, x, &cache, position_span(0), nullptr, false, true);
   }
   void rotate_copy(view<const T> in, view<T> out, position_span pos, rope_cache<T> const& cache) const {
-    run("posenc::rope::rotate_copy", in, out, &cache, pos, nullptr, false);
+    run<T>("posenc::rope::rotate_copy", in, out, &cache, pos, nullptr, false);
   }
   void rotate_copy(view<const T> in, view<T> out, rope_cache<T> const& cache) const {
-    run("posenc::rope::rotate_copy", in, out, &cache, position_span(0), nullptr, false, true);
+    run<T>("posenc::rope::rotate_copy", in, out, &cache, position_span(0), nullptr, false, true);
   }
   void rotate_inverse(view<T> x, position_span pos, rope_cache<T> const& cache) const {
-    run("posenc::rope::rotate_inverse", x, x, &cache, pos, nullptr, true);
+    run<T>("posenc::rope::rotate_inverse", x, x, &cache, pos, nullptr, true);
   }
   void rotate_inverse(view<T> x, rope_cache<T> const& cache) const {
-    run("posenc::rope::rotate_inverse", x, x, &cache, position_span(0), nullptr, true, true);
+    run<T>("posenc::rope::rotate_inverse", x, x, &cache, position_span(0), nullptr, true, true);
   }
   /// The transposed rotation with a caller cache (values as given): the
   /// gradient of the input of rotate(x, pos, cache) from that of its output.
   void rotate_transpose(view<T> x, position_span pos, rope_cache<T> const& cache) const {
-    run("posenc::rope::rotate_transpose", x, x, &cache, pos, nullptr, true, false, true);
+    run<T>("posenc::rope::rotate_transpose", x, x, &cache, pos, nullptr, true, false, true);
   }
   /// The transposed rotation with a per-token cache (batch, seq, rotary_dim / 2).
   void rotate_transpose(view<T> x, rope_cache<T> const& cache) const {
-    run("posenc::rope::rotate_transpose", x, x, &cache, position_span(0), nullptr, true, true, true);
+    run<T>("posenc::rope::rotate_transpose", x, x, &cache, position_span(0), nullptr, true, true, true);
+  }
+
+  // --- 16-bit tensors (Eigen::half, Eigen::bfloat16) -------------------
+
+  /// The rotations above on 16-bit tensors, rope<float> only (S: Eigen::half
+  /// or Eigen::bfloat16). Each element is widened exactly, rotated in float
+  /// by the same kernels with the same cos/sin rows (reserved table or
+  /// computed, every scaling, threads) as a float tensor, and rounded once to
+  /// nearest even: the result is the float rotation of the widened input,
+  /// narrowed (docs/encoders/rope.md "16-bit tensors"). Same arguments and checks.
+  template <class S, std::enable_if_t<is_half_storage_v<S> && !std::is_const_v<S>, int> = 0>
+  void rotate(view<S> x, position_span pos, index_t length) const {
+    if constexpr (check_half<S>()) run<S>("posenc::rope::rotate", x, x, nullptr, pos, &length, false);
+  }
+  template <class S, std::enable_if_t<is_half_storage_v<S> && !std::is_const_v<S>, int> = 0>
+  void rotate(view<S> x, position_span pos) const {
+    if constexpr (check_half<S>()) run<S>("posenc::rope::rotate", x, x, nullptr, pos, nullptr, false);
+  }
+  /// Out of place, 16-bit in and out (`in` may be const); the pass-through tail is copied bit for bit.
+  template <class In, class S,
+            std::enable_if_t<is_half_storage_v<S> && std::is_same_v<std::remove_const_t<In>, S>, int> = 0>
+  void rotate_copy(view<In> in, view<S> out, position_span pos, index_t length) const {
+    if constexpr (check_half<S>())
+      run<S>("posenc::rope::rotate_copy", view<const S>(in), out, nullptr, pos, &length, false);
+  }
+  template <class In, class S,
+            std::enable_if_t<is_half_storage_v<S> && std::is_same_v<std::remove_const_t<In>, S>, int> = 0>
+  void rotate_copy(view<In> in, view<S> out, position_span pos) const {
+    if constexpr (check_half<S>())
+      run<S>("posenc::rope::rotate_copy", view<const S>(in), out, nullptr, pos, nullptr, false);
+  }
+  /// 16-bit queries and keys in one call (same batch, seq and positions).
+  template <class S, std::enable_if_t<is_half_storage_v<S> && !std::is_const_v<S>, int> = 0>
+  void rotate_qk(view<S> q, view<S> k, position_span pos, index_t length) const {
+    if constexpr (check_half<S>()) run_qk<S>("posenc::rope::rotate_qk", q, k, pos, &length);
+  }
+  template <class S, std::enable_if_t<is_half_storage_v<S> && !std::is_const_v<S>, int> = 0>
+  void rotate_qk(view<S> q, view<S> k, position_span pos) const {
+    if constexpr (check_half<S>()) run_qk<S>("posenc::rope::rotate_qk", q, k, pos, nullptr);
+  }
+  template <class S, std::enable_if_t<is_half_storage_v<S> && !std::is_const_v<S>, int> = 0>
+  void rotate_inverse(view<S> x, position_span pos, index_t length) const {
+    if constexpr (check_half<S>()) run<S>("posenc::rope::rotate_inverse", x, x, nullptr, pos, &length, true);
+  }
+  template <class S, std::enable_if_t<is_half_storage_v<S> && !std::is_const_v<S>, int> = 0>
+  void rotate_inverse(view<S> x, position_span pos) const {
+    if constexpr (check_half<S>()) run<S>("posenc::rope::rotate_inverse", x, x, nullptr, pos, nullptr, true);
+  }
+  template <class S, std::enable_if_t<is_half_storage_v<S> && !std::is_const_v<S>, int> = 0>
+  void rotate_transpose(view<S> x, position_span pos, index_t length) const {
+    if constexpr (check_half<S>())
+      run<S>("posenc::rope::rotate_transpose", x, x, nullptr, pos, &length, true, false, true);
+  }
+  template <class S, std::enable_if_t<is_half_storage_v<S> && !std::is_const_v<S>, int> = 0>
+  void rotate_transpose(view<S> x, position_span pos) const {
+    if constexpr (check_half<S>())
+      run<S>("posenc::rope::rotate_transpose", x, x, nullptr, pos, nullptr, true, false, true);
+  }
+  /// In place with a float caller cache, by position id or per token.
+  template <class S, std::enable_if_t<is_half_storage_v<S> && !std::is_const_v<S>, int> = 0>
+  void rotate(view<S> x, position_span pos, rope_cache<T> const& cache) const {
+    if constexpr (check_half<S>()) run<S>("posenc::rope::rotate", x, x, &cache, pos, nullptr, false);
+  }
+  template <class S, std::enable_if_t<is_half_storage_v<S> && !std::is_const_v<S>, int> = 0>
+  void rotate(view<S> x, rope_cache<T> const& cache) const {
+    if constexpr (check_half<S>())
+      run<S>("posenc::rope::rotate", x, x, &cache, position_span(0), nullptr, false, true);
   }
 
  private:
+  /// 16-bit tensors compute in float: the compile-time sentence for rope<double>
+  /// (and false there, so that nothing else is instantiated to add errors).
+  template <class S>
+  static constexpr bool check_half() noexcept {
+    static_assert(std::is_same_v<T, float> && is_half_storage_v<S>,
+                  "posenc::rope: 16-bit tensors (Eigen::half, Eigen::bfloat16) rotate with rope<float>: compute is "
+                  "float");
+    return std::is_same_v<T, float>;
+  }
+
+  /// One tensor of a call: read from `in`, written to `out` (the same view in place).
+  template <class S>
   struct io {
-    view<const T> in;
-    view<T> out;
+    view<const S> in;
+    view<S> out;
   };
 
   static rope_options with_threads(rope_options o, int threads) {
@@ -618,7 +748,8 @@ class rope {
     return {c.cos + row * c.width, c.sin + row * c.width};
   }
 
-  void check_x(char const* where, char const* name, view<const T> const& v) const {
+  template <class S>
+  void check_x(char const* where, char const* name, view<const S> const& v) const {
     detail::check_view(where, name, v);
     detail::require(v.dim == head_dim_, where, name, ".dim is ", v.dim, ", expected ", head_dim_, " (rope head_dim)");
   }
@@ -680,30 +811,33 @@ class rope {
 
   /// `per_token_call`: the overload without positions (a per-token cache is expected).
   /// `transpose` (with `inverse`): R^T, the inverse without its division by a^2.
-  void run(char const* where, view<const T> in, view<T> out, rope_cache<T> const* cache, position_span pos,
+  template <class S>
+  void run(char const* where, view<const S> in, view<S> out, rope_cache<T> const* cache, position_span pos,
            index_t const* length, bool inverse, bool per_token_call = false, bool transpose = false) const {
     bool const copy = static_cast<void const*>(in.data) != static_cast<void const*>(out.data);
-    check_x(where, copy ? "in" : "x", in);
+    check_x<S>(where, copy ? "in" : "x", in);
     if (copy) {
-      check_x(where, "out", out);
+      check_x<S>(where, "out", out);
       detail::check_equal(where, "out.batch", out.batch, in.batch, "in.batch");
       detail::check_equal(where, "out.seq", out.seq, in.seq, "in.seq");
       detail::check_equal(where, "out.heads", out.heads, in.heads, "in.heads");
     }
-    io const ios[1] = {{in, out}};
+    io<S> const ios[1] = {{in, out}};
     dispatch(where, ios, 1, cache, per_token_call, pos, length, inverse, transpose);
   }
 
-  void run_qk(char const* where, view<T> q, view<T> k, position_span pos, index_t const* length) const {
-    check_x(where, "q", q);
-    check_x(where, "k", k);
+  template <class S>
+  void run_qk(char const* where, view<S> q, view<S> k, position_span pos, index_t const* length) const {
+    check_x<S>(where, "q", q);
+    check_x<S>(where, "k", k);
     detail::check_equal(where, "k.batch", k.batch, q.batch, "q.batch");
     detail::check_equal(where, "k.seq", k.seq, q.seq, "q.seq");
-    io const ios[2] = {{q, q}, {k, k}};
+    io<S> const ios[2] = {{q, q}, {k, k}};
     dispatch(where, ios, 2, nullptr, false, pos, length, false);
   }
 
-  void dispatch(char const* where, io const* ios, int n_io, rope_cache<T> const* cache, bool per_token,
+  template <class S>
+  void dispatch(char const* where, io<S> const* ios, int n_io, rope_cache<T> const* cache, bool per_token,
                 position_span pos, index_t const* length, bool inverse, bool transpose = false) const {
     index_t const batch = ios[0].in.batch, seq = ios[0].in.seq;
     if (!per_token) check_positions(where, pos, batch, seq, length);
@@ -739,8 +873,8 @@ class rope {
     });
   }
 
-  template <class RowFn>
-  void run_rows(io const* ios, int n_io, index_t batch, index_t seq, bool inverse, T g, RowFn const& row_of) const {
+  template <class S, class RowFn>
+  void run_rows(io<S> const* ios, int n_io, index_t batch, index_t seq, bool inverse, T g, RowFn const& row_of) const {
     if (layout_ == rope_layout::half_split) {
       if (inverse)
         run_layout<rope_layout::half_split, true>(ios, n_io, batch, seq, g, row_of);
@@ -755,8 +889,8 @@ class rope {
   }
 
   /// Picks the kernel for rotary_dim once per call (see run_layout_nv).
-  template <rope_layout L, bool Inverse, class RowFn>
-  void run_layout(io const* ios, int n_io, index_t batch, index_t seq, T g, RowFn const& row_of) const {
+  template <rope_layout L, bool Inverse, class S, class RowFn>
+  void run_layout(io<S> const* ios, int n_io, index_t batch, index_t seq, T g, RowFn const& row_of) const {
     using A = simd::default_arch;
     switch (detail::rope_fixed_vectors<L, A, T>(rotary_dim_)) {
       case 1: return run_layout_nv<L, Inverse, 1>(ios, n_io, batch, seq, g, row_of);
@@ -770,8 +904,8 @@ class rope {
   /// Tasks of `block` consecutive tokens of one batch entry; each token gets
   /// its cos/sin row once and rotates every head of every io with it. NV: the
   /// register-resident kernel with NV vectors per row, 0: the any-size kernel.
-  template <rope_layout L, bool Inverse, int NV, class RowFn>
-  void run_layout_nv(io const* ios, int n_io, index_t batch, index_t seq, T g, RowFn const& row_of) const {
+  template <rope_layout L, bool Inverse, int NV, class S, class RowFn>
+  void run_layout_nv(io<S> const* ios, int n_io, index_t batch, index_t seq, T g, RowFn const& row_of) const {
     using A = simd::default_arch;
     constexpr index_t block = 16;
     index_t const nblk = seq / block + (seq % block != 0 ? 1 : 0);
@@ -791,7 +925,7 @@ class rope {
     index_t const r = rotary_dim_, d = head_dim_;
     // Prefetch distance in head rows: at least prefetch_rows, and at least
     // prefetch_bytes of rotated data.
-    index_t const ahead = std::max<index_t>(prefetch_rows, prefetch_bytes / (r * static_cast<index_t>(sizeof(T))));
+    index_t const ahead = std::max<index_t>(prefetch_rows, prefetch_bytes / (r * static_cast<index_t>(sizeof(S))));
     parallel_for(batch * nblk, t, [&](index_t task) noexcept {
       index_t const b = task / nblk;
       index_t const s0 = (task % nblk) * block, s1 = std::min(seq, s0 + block);
@@ -801,17 +935,17 @@ class rope {
         if constexpr (expand) cs = detail::rope_expand_interleaved(cs.first, cs.second, r / 2, scr + r);
         [[maybe_unused]] auto const kernel = [&] {
           if constexpr (NV > 0)
-            return detail::rope_token_kernel<L, Inverse, A, NV, T>(cs.first, cs.second, g);
+            return detail::rope_token_kernel<L, Inverse, A, NV, T, S>(cs.first, cs.second, g);
           else
             return 0;
         }();
         for (int i = 0; i < n_io; ++i) {
-          io const& v = ios[i];
+          io<S> const& v = ios[i];
           // A head row is only r * sizeof(T) bytes; prefetch the rows a few
           // KiB ahead (the next heads, or the next token's) so their loads overlap.
           index_t const pf = ahead * v.in.head_stride;
-          T const* src = v.in.ptr(b, s, 0);
-          T* dst = v.out.ptr(b, s, 0);
+          S const* src = v.in.ptr(b, s, 0);
+          S* dst = v.out.ptr(b, s, 0);
           if constexpr (NV > 0)
             kernel(dst, v.out.head_stride, src, v.in.head_stride, v.in.heads, pf);
           else
@@ -820,7 +954,7 @@ class rope {
           if (dst != src && d > r)
             for (index_t hd = 0; hd < v.in.heads; ++hd)
               std::memcpy(dst + hd * v.out.head_stride + r, src + hd * v.in.head_stride + r,
-                          static_cast<std::size_t>(d - r) * sizeof(T));
+                          static_cast<std::size_t>(d - r) * sizeof(S));
         }
       }
     });
