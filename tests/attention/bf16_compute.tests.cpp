@@ -316,20 +316,22 @@ TEST_CASE("bf16 products: the simd pair helpers round to nearest even and add od
   // Normal values, a third of them exact ties (a bfloat16 value + half its ulp) and their neighbours.
   auto const data = posenc_test::random_vector<float>(4096, 0xe1, -8, 8);
   std::vector<float> x(data);
+  // Accumulators with full 24-bit significands: the two additions round, so their order shows.
+  auto const acc = posenc_test::random_vector<float>(4096, 0xe2, -64, 64);
   for (std::size_t i = 0; i < x.size(); i += 3) x[i] = from_bits((bits(x[i]) & 0xffff0000u) | (0x8000u + static_cast<std::uint32_t>(i % 2)));
   std::size_t bad_pairs = 0, bad_row = 0, bad_dot = 0;
   for (std::size_t i = 0; i + 4 * w <= x.size(); i += 4 * w) {
     B const a = B::load_unaligned(x.data() + i), b = B::load_unaligned(x.data() + i + w);
     B const c = B::load_unaligned(x.data() + i + 2 * w), d = B::load_unaligned(x.data() + i + 3 * w);
     B const pa = posenc::simd::bf16_pairs(a, b), pc = posenc::simd::bf16_pairs(c, d);
-    B const s = posenc::simd::dot_bf16_pairs(B(0.5f), pa, pc);
+    B const s = posenc::simd::dot_bf16_pairs(B::load_unaligned(acc.data() + i), pa, pc);
     float ra[w], rs[w];
     pa.store_unaligned(ra);
     s.store_unaligned(rs);
     for (std::size_t l = 0; l < w; ++l) {
       float const* p = x.data() + i + l;
       if (bits(ra[l]) != pair_of(p[0], p[w])) ++bad_pairs;
-      float const t = 0.5f + bf16(p[w]) * bf16(p[3 * w]);  // odd products first, as vdpbf16ps adds them
+      float const t = acc[i + l] + bf16(p[w]) * bf16(p[3 * w]);  // odd products first, as vdpbf16ps adds them
       if (rs[l] != t + bf16(p[0]) * bf16(p[2 * w])) ++bad_dot;
     }
   }
