@@ -87,16 +87,32 @@ float read_pages(posenc::paged_kv_cache<float> const& cache, posenc::span<const 
   return s;
 }
 
+/// How the measured sequence's pages lie in the pool.
+enum class page_order { consecutive, scattered, after_frees };
+
 /// One sequence of 4096 tokens, 16-token pages. `scattered`: the sequence's
-/// pages alternate with another sequence's (every page its own run), else
+/// pages alternate with another sequence's (every page its own run);
+/// `after_frees`: two sequences filled the pool alternately and were freed,
+/// then the measured one takes the freed pages (its page table is what the
+/// pool's allocation order makes of a fragmented free list); else
 /// consecutive. Baseline: the same decode over a contiguous kv_cache.
-void decode_vs_contiguous(benchmark::State& state, bool scattered, int threads) {
+void decode_vs_contiguous(benchmark::State& state, page_order order, int threads) {
+  bool const scattered = order == page_order::scattered;
   index_t const S = 4096, P = 16;
   auto const k = random_floats(static_cast<std::size_t>(S * H * D), 2);
   auto const v = random_floats(static_cast<std::size_t>(S * H * D), 3);
   auto const q = random_floats(static_cast<std::size_t>(H * D), 1);
   std::vector<float> out(q.size());
   posenc::paged_kv_cache<float> paged(2 * S / P + 2, P, H, D);
+  if (order == page_order::after_frees) {
+    index_t const a = paged.add_sequence(), b = paged.add_sequence();
+    for (index_t s = 0; s < S; s += P)
+      for (index_t x : {a, b})
+        paged.append(x, posenc::make_bshd<const float>(k.data() + s * H * D, 1, P, H, D),
+                     posenc::make_bshd<const float>(v.data() + s * H * D, 1, P, H, D), posenc::none{});
+    paged.free(a);
+    paged.free(b);
+  }
   index_t const id = paged.add_sequence(), other = paged.add_sequence();
   for (index_t s = 0; s < S; s += P) {
     auto const kp = posenc::make_bshd<const float>(k.data() + s * H * D, 1, P, H, D);
@@ -256,11 +272,14 @@ void prefill_vs_contiguous(benchmark::State& state, bool scattered, int threads)
 
 int main(int argc, char** argv) {
   for (int t : {1, 2}) {
-    for (bool scattered : {false, true}) {
-      std::string const name = std::string("paged/decode_vs_contiguous/") + (scattered ? "scattered" : "consecutive") +
+    for (page_order order : {page_order::consecutive, page_order::scattered, page_order::after_frees}) {
+      char const* what = order == page_order::consecutive ? "consecutive"
+                         : order == page_order::scattered ? "scattered"
+                                                          : "after_frees";
+      std::string const name = std::string("paged/decode_vs_contiguous/") + what +
                                "_pages/H8_D128_S4096_page16/threads:" + std::to_string(t);
-      benchmark::RegisterBenchmark(name.c_str(), [scattered, t](benchmark::State& s) {
-        decode_vs_contiguous(s, scattered, t);
+      benchmark::RegisterBenchmark(name.c_str(), [order, t](benchmark::State& s) {
+        decode_vs_contiguous(s, order, t);
       })->Unit(benchmark::kMicrosecond)->UseManualTime()->MinTime(0.5);
     }
     benchmark::RegisterBenchmark(("paged/batched_decode/16_seqs_256_to_4096/H8_D128_page16/threads:" +

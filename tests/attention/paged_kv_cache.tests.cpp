@@ -519,3 +519,31 @@ TEST_CASE("paged attention: a decode step allocates nothing once pages exist", "
     }
   }
 }
+
+TEST_CASE("paged_kv_cache: the pool hands out its lowest free page, so pages taken after frees are in address order",
+          "[paged]") {
+  index_t const page = 4;
+  posenc::paged_kv_cache<float> cache(12, page, Hkv, D);
+  tokens<float> t(16, 5);
+  auto append = [&](index_t id, index_t n) {
+    cache.append(id, tokens<float>::part(t.k, 0, n, Hkv), tokens<float>::part(t.v, 0, n, Hkv), posenc::none{});
+  };
+  index_t const a = cache.add_sequence(), b = cache.add_sequence(), c = cache.add_sequence();
+  for (index_t x : {a, b, c}) append(x, 2 * page);
+  CHECK(std::vector<index_t>(cache.page_table(b).begin(), cache.page_table(b).end()) == std::vector<index_t>{2, 3});
+  cache.free(a);
+  cache.free(c);
+  index_t const d = cache.add_sequence();
+  append(d, 16);  // four pages: the freed 0, 1, 4, 5 in ascending order
+  auto const table = cache.page_table(d);
+  CHECK(std::vector<index_t>(table.begin(), table.end()) == std::vector<index_t>{0, 1, 4, 5});
+  // A fork appending past its shared pages takes the lowest free page too.
+  index_t const e = cache.fork(b);
+  append(e, 1);
+  CHECK(cache.page_table(e)[2] == 6);
+  cache.free(d);
+  index_t const f = cache.add_sequence();
+  append(f, 3 * page);
+  auto const tf = cache.page_table(f);
+  CHECK(std::vector<index_t>(tf.begin(), tf.end()) == std::vector<index_t>{0, 1, 4});
+}

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "posenc/core/checked.hpp"
@@ -61,7 +62,7 @@ class paged_kv_cache {
     values_.resize(static_cast<std::size_t>(n * vdim_));
     refs_.assign(static_cast<std::size_t>(pages), 0);
     free_pages_.reserve(static_cast<std::size_t>(pages));
-    for (index_t p = pages - 1; p >= 0; --p) free_pages_.push_back(p);  // page 0 is taken first
+    for (index_t p = 0; p < pages; ++p) free_pages_.push_back(p);  // ascending: already a min-heap
   }
 
   /// Largest accepted page size.
@@ -95,7 +96,7 @@ class paged_kv_cache {
     check_id("posenc::paged_kv_cache::free", "id", id);
     sequence& s = seqs_[static_cast<std::size_t>(id)];
     for (index_t p : s.pages)
-      if (--refs_[static_cast<std::size_t>(p)] == 0) free_pages_.push_back(p);
+      if (--refs_[static_cast<std::size_t>(p)] == 0) give_back_page(p);
     s.pages.clear();
     tokens_ -= s.len;
     s.len = 0;
@@ -264,11 +265,19 @@ class paged_kv_cache {
   bool shared_tail(sequence const& s) const noexcept {
     return s.len % page_tokens_ != 0 && refs_[static_cast<std::size_t>(s.pages.back())] > 1;
   }
+  // The free pages are a min-heap: the pool hands out its lowest free page, so
+  // that a sequence's pages lie in address order even after other sequences
+  // were freed (a LIFO list would hand freed pages back in reverse order).
   index_t take_page() noexcept {
+    std::pop_heap(free_pages_.begin(), free_pages_.end(), std::greater<index_t>());
     index_t const p = free_pages_.back();
     free_pages_.pop_back();
     refs_[static_cast<std::size_t>(p)] = 1;
     return p;
+  }
+  void give_back_page(index_t p) noexcept {  // capacity reserved for every page: no allocation
+    free_pages_.push_back(p);
+    std::push_heap(free_pages_.begin(), free_pages_.end(), std::greater<index_t>());
   }
   T* token_ptr(std::vector<T>& store, index_t d, index_t page, index_t t, index_t h) noexcept {
     return store.data() + ((page * page_tokens_ + t) * heads_ + h) * d;
