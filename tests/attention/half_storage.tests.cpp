@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: MIT
-// 16-bit K and V (Eigen::half, Eigen::bfloat16) with float q and out: fused and reference paths, and 16-bit kv_cache.
+// 16-bit tensors (Eigen::half, Eigen::bfloat16): K and V with float q and out, and all-16-bit q, k, v and out;
+// fused and reference paths, and 16-bit kv_cache.
 #include <posenc/attention/attention.hpp>
 #include <posenc/attention/fused.hpp>
 #include <posenc/core/half.hpp>
@@ -26,12 +27,13 @@ constexpr index_t W = posenc::simd::width<float>;
 using posenc_test::shape;
 
 /// q in float; k and v drawn in float, rounded once to S and kept both as S
-/// and as the float values of those S (the same rounded inputs for the reference).
+/// and as the float values of those S (the same rounded inputs for the
+/// reference). qh and qf: q rounded to S, and the float values of qh.
 template <class S>
 struct problem {
   shape s;
-  std::vector<float> q, kf, vf;
-  std::vector<S> kh, vh;
+  std::vector<float> q, kf, vf, qf;
+  std::vector<S> kh, vh, qh;
 
   problem(shape const& sh, std::uint64_t seed) : s(sh) {
     q = posenc_test::random_vector<float>(static_cast<std::size_t>(extent(s.Sq, s.Hq, s.D)), seed, -2, 2);
@@ -39,6 +41,8 @@ struct problem {
     vf = posenc_test::random_vector<float>(static_cast<std::size_t>(extent(s.Sk, s.Hkv, s.Dv)), seed + 2);
     round(kf, kh);
     round(vf, vh);
+    qf = q;
+    round(qf, qh);
   }
   static void round(std::vector<float>& f, std::vector<S>& h) {
     h.resize(f.size());
@@ -74,6 +78,93 @@ std::vector<float> run(problem<S> const& pb, E const& enc, posenc::attention_opt
                             pb.template make<const S>(pb.vh.data(), s.Sk, s.Hkv, s.Dv), o, enc, opt);
   out.insert(out.end(), lse.begin(), lse.end());
   return out;
+}
+
+/// One 16-bit ulp at 1 for S: 2^-10 (binary16), 2^-7 (bfloat16).
+template <class S>
+constexpr double epsilon16_v = std::is_same_v<S, Eigen::bfloat16> ? 1.0 / 128 : 1.0 / 1024;
+
+/// Runs Path with q, k, v and out all of S (QS = S) or with q the float
+/// values of qh and out float (QS = float), k and v S; returns out (widened)
+/// and lse (float, its own part of the vector from index `out_size`).
+template <class Path, class QS, class S, class E>
+std::vector<float> run16(problem<S> const& pb, E const& enc, posenc::attention_options<float> opt) {
+  shape const& s = pb.s;
+  std::size_t const n = static_cast<std::size_t>(pb.extent(s.Sq, s.Hq, s.Dv));
+  std::vector<QS> out(n, posenc::detail::to_storage<QS>(-7.0f));
+  std::vector<float> lse(static_cast<std::size_t>(s.B * s.Hq * s.Sq), -7.0f);
+  opt.lse = lse.data();
+  posenc::view<QS> const o = pb.template make<QS>(out.data(), s.Sq, s.Hq, s.Dv);
+  QS const* qd;
+  if constexpr (std::is_same_v<QS, float>)
+    qd = pb.qf.data();
+  else
+    qd = pb.qh.data();
+  posenc::attention<Path>(pb.template make<const QS>(qd, s.Sq, s.Hq, s.D),
+                          pb.template make<const S>(pb.kh.data(), s.Sk, s.Hkv, s.D),
+                          pb.template make<const S>(pb.vh.data(), s.Sk, s.Hkv, s.Dv), o, enc, opt);
+  std::vector<float> r(n);
+  for (std::size_t i = 0; i < n; ++i) r[i] = posenc::detail::stored_value<float>(out[i]);
+  r.insert(r.end(), lse.begin(), lse.end());
+  return r;
+}
+
+/// Bits of x rounded once to S (NaN compares by NaN-ness).
+template <class S>
+bool same16(float got, float want) {
+  if (std::isnan(got) || std::isnan(want)) return std::isnan(got) && std::isnan(want);
+  return Eigen::numext::bit_cast<std::uint16_t>(posenc::detail::to_storage<S>(got)) ==
+             Eigen::numext::bit_cast<std::uint16_t>(posenc::detail::to_storage<S>(want)) &&
+         got == posenc::detail::stored_value<float>(posenc::detail::to_storage<S>(got));
+}
+
+/// The rule for all-16-bit tensors: q, k, v and out of S. The fused and
+/// reference results against the double reference on the same rounded inputs
+/// (float q and out), within 2x the error of the plain implementation doing
+/// the same in float (16-bit inputs, output rounded once) + one 16-bit ulp of
+/// the output; lse (float) by the float rule. Exact: the fused 16-bit output
+/// is the fused float-output result on the same inputs rounded once, the
+/// reference's likewise; path::best is the fused path.
+template <class S, class E>
+void check_agrees16(problem<S> const& pb, E const& enc, posenc::attention_options<float> const& opt,
+                    std::string const& what) {
+  std::size_t const n = static_cast<std::size_t>(pb.extent(pb.s.Sq, pb.s.Hq, pb.s.Dv));
+  auto const ref = run16<posenc::path::reference, float>(pb, enc, opt);
+  auto const ref16 = run16<posenc::path::reference, S>(pb, enc, opt);
+  auto const plain = run16<posenc_test::plain_path, S>(pb, enc, opt);
+  auto const got = run16<posenc::path::fused, S>(pb, enc, opt);
+  auto const got32 = run16<posenc::path::fused, float>(pb, enc, opt);
+  auto const best = run16<posenc::path::best, S>(pb, enc, opt);
+  auto part = [&](std::vector<float> const& x, bool lse) {
+    return lse ? std::vector<float>(x.begin() + static_cast<std::ptrdiff_t>(n), x.end())
+               : std::vector<float>(x.begin(), x.begin() + static_cast<std::ptrdiff_t>(n));
+  };
+  auto const rep = posenc_test::within_tolerance(part(got, false), part(ref, false), part(plain, false), epsilon16_v<S>);
+  auto const rep_ref = posenc_test::within_tolerance(part(ref16, false), part(ref, false), part(plain, false),
+                                                     epsilon16_v<S>);
+  auto const rep_lse = posenc_test::within_tolerance(part(got, true), part(ref, true), part(plain, true), 1e-6);
+  INFO(what << " (all 16-bit): out " << rep.describe() << "; reference out " << rep_ref.describe() << "; lse "
+            << rep_lse.describe());
+  CHECK(rep.ok);
+  CHECK(rep_ref.ok);
+  CHECK(rep_lse.ok);
+  bool once_fused = true, once_ref = true, same_best = true, same_lse = true, untouched = true;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    same_best = same_best && (best[i] == got[i] || (std::isnan(best[i]) && std::isnan(got[i])));
+    if (i < n) {
+      once_fused = once_fused && same16<S>(got[i], got32[i]);
+      once_ref = once_ref && same16<S>(ref16[i], ref[i]);
+      // -7 marks elements no view covers: no path may write them.
+      if (ref[i] == -7.0f) untouched = untouched && got[i] == -7.0f && ref16[i] == -7.0f;
+    } else {
+      same_lse = same_lse && (got[i] == got32[i] || (std::isnan(got[i]) && std::isnan(got32[i])));
+    }
+  }
+  CHECK(once_fused);
+  CHECK(once_ref);
+  CHECK(same_best);
+  CHECK(same_lse);
+  CHECK(untouched);
 }
 
 /// The rule of the tests: the 16-bit fused result against the double
@@ -112,6 +203,7 @@ void check_agrees(problem<S> const& pb, E const& enc, posenc::attention_options<
   CHECK(same_fused);
   CHECK(same_best);
   CHECK(untouched);
+  check_agrees16(pb, enc, opt, what);
 }
 
 std::string describe(shape const& s) {
@@ -188,12 +280,12 @@ void check_all_options(char const* format, std::vector<shape> const& list = shap
 
 }  // namespace
 
-TEST_CASE("16-bit K and V agree with the reference on the same rounded inputs", "[half]") {
+TEST_CASE("16-bit K and V, and all-16-bit tensors, agree with the reference on the same rounded inputs", "[half]") {
   SECTION("binary16") { check_all_options<Eigen::half>("binary16"); }
   SECTION("bfloat16") { check_all_options<Eigen::bfloat16>("bfloat16"); }
 }
 
-TEST_CASE("16-bit K and V in the lane kernel (prefill) agree with the reference", "[half][lanes]") {
+TEST_CASE("16-bit K and V, and all-16-bit tensors, in the lane kernel (prefill) agree with the reference", "[half][lanes]") {
   SECTION("binary16") { check_all_options<Eigen::half>("binary16 lanes", lane_shapes()); }
   SECTION("bfloat16") { check_all_options<Eigen::bfloat16>("bfloat16 lanes", lane_shapes()); }
 }
@@ -322,11 +414,70 @@ void check_cache(char const* format) {
   float dmax = 0;
   for (std::size_t n = 0; n < pre.size(); ++n) dmax = std::max(dmax, std::abs(dec[n] - pre[n]));
   CHECK(dmax <= 1e-5f);
+
+  // All 16-bit: q and out of S over the same caches. q rounded to S; the
+  // reference on the float values of that q and of the cached K and V; the
+  // plain implementation on the 16-bit tensors, its output rounded once.
+  std::vector<S> qh(q.size());
+  std::vector<float> qr(q.size());
+  for (std::size_t n = 0; n < q.size(); ++n) {
+    qh[n] = posenc::detail::to_storage<S>(q[n]);
+    qr[n] = posenc::detail::stored_value<float>(qh[n]);
+  }
+  auto qhview = [&](index_t s0, index_t n) {
+    posenc::view<const S> x = posenc::make_bshd(static_cast<S const*>(qh.data()), B, S0, Hq, D);
+    x.data += s0 * x.seq_stride;
+    x.seq = n;
+    return x;
+  };
+  std::vector<S> pre16(pre.size()), dec16(pre.size()), plain16(pre.size());
+  posenc::attention(qhview(0, S0), full, posenc::make_bshd(pre16.data(), B, S0, Hq, Dv), rope, opt);
+  posenc::kv_cache<S> step16(B, Hkv, D, Dv);
+  for (index_t t = 0; t < S0; ++t) {
+    step16.append(kview(t, 1), vview(t, 1), rope);
+    posenc::view<S> o = posenc::make_bshd(dec16.data(), B, S0, Hq, Dv);
+    o.data += t * o.seq_stride;
+    o.seq = 1;
+    posenc::attention(qhview(t, 1), step16, o, rope);
+  }
+  {
+    posenc::attention_options<float> o = opt;
+    o.keys_rotated = true;
+    posenc::attention<posenc_test::plain_path>(qhview(0, S0), full.keys(), full.values(),
+                                               posenc::make_bshd(plain16.data(), B, S0, Hq, Dv), rope, o);
+    std::vector<float> qsave = q;
+    q = qr;  // the reference on the rounded q
+    on_rounded(posenc::path::reference{}, ref);
+    q = qsave;
+  }
+  std::vector<float> p16(pre.size()), d16(pre.size()), l16(pre.size());
+  for (std::size_t n = 0; n < pre.size(); ++n) {
+    p16[n] = posenc::detail::stored_value<float>(pre16[n]);
+    d16[n] = posenc::detail::stored_value<float>(dec16[n]);
+    l16[n] = posenc::detail::stored_value<float>(plain16[n]);
+  }
+  double const eps = std::is_same_v<S, Eigen::bfloat16> ? 1.0 / 128 : 1.0 / 1024;
+  auto const prep16 = posenc_test::within_tolerance(p16, ref, l16, eps);
+  auto const drep16 = posenc_test::within_tolerance(d16, ref, l16, eps);
+  INFO(format << " all 16-bit prefill over the cache: " << prep16.describe() << "; decode: " << drep16.describe());
+  CHECK(prep16.ok);
+  CHECK(drep16.ok);
+  // Decode == prefill up to the one rounding of out: their float results are
+  // within 1e-5 (above), each rounded once (half an ulp each).
+  // The ulp of a subnormal 16-bit value is the smallest positive one.
+  float const tiny = posenc::detail::stored_value<float>(Eigen::numext::bit_cast<S>(std::uint16_t{1}));
+  bool within_ulp = true;
+  for (std::size_t n = 0; n < pre.size(); ++n) {
+    float const a = p16[n], b = d16[n];
+    float const ulp = std::max(tiny, static_cast<float>(eps) * std::max(std::abs(a), std::abs(b)));
+    within_ulp = within_ulp && std::abs(a - b) <= 1e-5f + ulp;
+  }
+  CHECK(within_ulp);
 }
 
 }  // namespace
 
-TEST_CASE("kv_cache<half> and kv_cache<bfloat16>: rotated keys rounded once, decode == prefill", "[half][kv_cache]") {
+TEST_CASE("kv_cache<half> and kv_cache<bfloat16>: rotated keys rounded once, decode == prefill (float and 16-bit q)", "[half][kv_cache]") {
   SECTION("binary16") { check_cache<Eigen::half>("binary16"); }
   SECTION("bfloat16") { check_cache<Eigen::bfloat16>("bfloat16"); }
 }

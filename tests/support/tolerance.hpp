@@ -68,8 +68,8 @@ tolerance_report within_tolerance(A const& got, B const& ref, C const& plain, do
 namespace posenc_test {
 
 /// Path tag of the "plain float implementation" of the tolerance rule: the
-/// reference path accumulating in T instead of double (on 16-bit K and V:
-/// float compute on the 16-bit inputs).
+/// reference path accumulating in T instead of double (on 16-bit tensors:
+/// float compute on the 16-bit inputs, a 16-bit output rounded once).
 struct plain_path {};
 
 }  // namespace posenc_test
@@ -80,8 +80,8 @@ struct kernel<posenc_test::plain_path> {
   static constexpr bool available = true;
   static constexpr bool provides_scores = true;
   static constexpr bool rotates_itself = false;
-  template <class T, class KV, class E>
-  static void run(attention_plan<T> const& p, view<const T> q, view<const KV> k, view<const KV> v, view<T> out,
+  template <class T, class Q, class KV, class O, class E>
+  static void run(attention_plan<T> const& p, view<const Q> q, view<const KV> k, view<const KV> v, view<O> out,
                   E const& enc) {
     reference_attention<T>(p, q, k, v, out, enc);
   }

@@ -36,8 +36,8 @@ struct dependent_path {
   using type = P;
 };
 
-template <class Path, bool AllowAdditive, class T, class KV, class E>
-void run_attention(view<const T> q, view<const KV> k, view<const KV> v, view<T> out, E const& enc,
+template <class Path, bool AllowAdditive, class T, class Q, class KV, class O, class E>
+void run_attention(view<const Q> q, view<const KV> k, view<const KV> v, view<O> out, E const& enc,
                    attention_options<T> const& opt);
 
 /// Keys and values of a call without their first `cut` rows, with options that
@@ -50,7 +50,8 @@ struct memory_cut {
   attention_options<T> opt;
   std::vector<index_t> lengths, q_ids, k_ids;
 
-  memory_cut(view<const T> q, view<const KV> k0, view<const KV> v0, attention_options<T> const& o, index_t cut)
+  template <class Q>
+  memory_cut(view<const Q> q, view<const KV> k0, view<const KV> v0, attention_options<T> const& o, index_t cut)
       : k(k0), v(v0), opt(o) {
     index_t const B = q.batch, Sq = q.seq, Sk = k0.seq, n = Sk - cut;
     k.data += cut * k.seq_stride;
@@ -88,18 +89,19 @@ struct memory_cut {
   }
 };
 
-/// Copy of q (batch, Sq, Hq, D) with the encoder's content bias of each head added.
-template <class T, class E>
-view<const T> content_shifted(view<const T> q, aligned_buffer<T>& buf, E const& enc) {
+/// Copy of q (batch, Sq, Hq, D) with the encoder's content bias of each head
+/// added, in T (a 16-bit q is widened exactly, the sum rounded to T only).
+template <class T, class Q, class E>
+view<const T> content_shifted(view<const Q> q, aligned_buffer<T>& buf, E const& enc) {
   buf = aligned_buffer<T>::uninitialized(q.size());
   view<T> y = make_bshd(buf.data(), q.batch, q.seq, q.heads, q.dim);
   for (index_t b = 0; b < q.batch; ++b)
     for (index_t s = 0; s < q.seq; ++s)
       for (index_t h = 0; h < q.heads; ++h) {
-        T const* x = q.ptr(b, s, h);
+        Q const* x = q.ptr(b, s, h);
         T const* u = enc.content_bias(h);
         T* o = y.ptr(b, s, h);
-        for (index_t d = 0; d < q.dim; ++d) o[d] = x[d] + u[d];
+        for (index_t d = 0; d < q.dim; ++d) o[d] = stored_value<T>(x[d]) + u[d];
       }
   return y;
 }
@@ -122,13 +124,15 @@ view<const S> rotated_half_copy(view<const S> x, std::vector<S>& buf, E const& e
 }
 
 /// Runs one path after validation. `AllowAdditive`: the module applies
-/// additive encodings itself and calls this with its encoder. K and V are
-/// stored as KV: T, or a 16-bit type with float q and out (path::fused and
-/// path::reference; path::best runs the fused path).
-template <class Path, bool AllowAdditive, class T, class KV, class E>
-void run_attention(view<const T> q, view<const KV> k, view<const KV> v, view<T> out, E const& enc,
+/// additive encodings itself and calls this with its encoder. Compute type T
+/// (from the options); K and V are stored as KV, q as Q and out as O: each T,
+/// or a 16-bit type with float T (path::fused and path::reference; path::best
+/// runs the fused path). A 16-bit q reaches the kernel as it is, or, when the
+/// entry point rotates or shifts it, as a float copy that is never rounded.
+template <class Path, bool AllowAdditive, class T, class Q, class KV, class O, class E>
+void run_attention(view<const Q> q, view<const KV> k, view<const KV> v, view<O> out, E const& enc,
                    attention_options<T> const& opt) {
-  constexpr bool half_kv = !std::is_same_v<KV, T>;
+  constexpr bool half_io = !std::is_same_v<KV, T> || !std::is_same_v<Q, T> || !std::is_same_v<O, T>;
   using traits = encoder_traits<E>;
   if constexpr (has_memory_length<E>::value) {
     // A segment memory longer than the encoder's M keys: cut to its last M.
@@ -149,10 +153,10 @@ void run_attention(view<const T> q, view<const KV> k, view<const KV> v, view<T> 
                 "or use multi_head_attention");
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
                 "posenc::attention: T must be float or double");
-  static_assert(!half_kv || !std::is_same_v<Path, path::materialized>,
-                "posenc::attention: path::materialized takes k and v of q's element type; 16-bit k and v "
-                "run on path::fused (or path::best) and path::reference");
-  if constexpr (half_kv && std::is_same_v<Path, path::best>) {
+  static_assert(!half_io || !std::is_same_v<Path, path::materialized>,
+                "posenc::attention: path::materialized takes q, k, v and out of one float or double type; "
+                "16-bit tensors run on path::fused (or path::best) and path::reference");
+  if constexpr (half_io && std::is_same_v<Path, path::best>) {
     run_attention<path::fused, AllowAdditive>(q, k, v, out, enc, opt);
   } else if constexpr (std::is_same_v<Path, path::best>) {
     using fused_kernel = kernel<typename dependent_path<path::fused, E>::type>;
@@ -179,34 +183,34 @@ void run_attention(view<const T> q, view<const KV> k, view<const KV> v, view<T> 
       // Transformer-XL's u: every path sees q + u (content term and position term).
       aligned_buffer<T> qbuf;
       K::run(plan, content_shifted(q, qbuf, enc), k, v, out, enc);
-      return;
-    }
-    rotation_plan const rot = plan_rotation<K::rotates_itself>(plan, enc, opt.keys_rotated);
-    if constexpr (traits::rotates_queries_keys) {
-      if (rot.route == rotation_route::copies) {
-        aligned_buffer<T> qbuf, kbuf;
-        view<const T> const qr = rotated_copy(q, qbuf, enc, rot.q_ids.data(), rot.length);
-        if constexpr (half_kv) {
-          std::vector<KV> hbuf;
-          view<const KV> const kr =
-              rot.k_ids.empty() ? k : rotated_half_copy(k, hbuf, enc, rot.k_ids.data(), rot.length);
-          K::run(plan, qr, kr, v, out, enc);
-        } else {
-          view<const T> const kr =
-              rot.k_ids.empty() ? k : rotated_copy(k, kbuf, enc, rot.k_ids.data(), rot.length);
-          K::run(plan, qr, kr, v, out, enc);
-        }
-        return;
-      }
-      if constexpr (K::rotates_itself) {
-        if (rot.route == rotation_route::in_kernel) {
-          rotation_ids const ids = rot.ids();
-          K::run(plan, q, k, v, out, enc, &ids);
+    } else {
+      rotation_plan const rot = plan_rotation<K::rotates_itself>(plan, enc, opt.keys_rotated);
+      if constexpr (traits::rotates_queries_keys) {
+        if (rot.route == rotation_route::copies) {
+          aligned_buffer<T> qbuf, kbuf;
+          view<const T> const qr = rotated_copy(q, qbuf, enc, rot.q_ids.data(), rot.length);
+          if constexpr (!std::is_same_v<KV, T>) {
+            std::vector<KV> hbuf;
+            view<const KV> const kr =
+                rot.k_ids.empty() ? k : rotated_half_copy(k, hbuf, enc, rot.k_ids.data(), rot.length);
+            K::run(plan, qr, kr, v, out, enc);
+          } else {
+            view<const T> const kr =
+                rot.k_ids.empty() ? k : rotated_copy(k, kbuf, enc, rot.k_ids.data(), rot.length);
+            K::run(plan, qr, kr, v, out, enc);
+          }
           return;
         }
+        if constexpr (K::rotates_itself) {
+          if (rot.route == rotation_route::in_kernel) {
+            rotation_ids const ids = rot.ids();
+            K::run(plan, q, k, v, out, enc, &ids);
+            return;
+          }
+        }
       }
+      K::run(plan, q, k, v, out, enc);
     }
-    K::run(plan, q, k, v, out, enc);
   }
 }
 
@@ -294,34 +298,49 @@ struct encoder_value_type<E, std::void_t<typename E::value_type>> {
 };
 }  // namespace detail
 
-/// Attention with K and V stored in 16 bits: q and out float, k and v
-/// `Eigen::half` (IEEE binary16) or `Eigen::bfloat16` views, computed in float
-/// (path::reference: in double). The semantics, options and checks are those
-/// of the float call above. path::fused (and path::best) runs the row kernel,
-/// which widens K and V rows in registers as it loads them; path::materialized
-/// is not available. Encoder tables stay float (rope<float>, t5_bias<float>,
-/// ...). Other mixes (double or 16-bit q and out, k and v of different types,
-/// a 16-bit encoder) are compile errors with a sentence.
+/// Attention with 16-bit tensors, computed in float (path::reference: in
+/// double), with the semantics, options and checks of the float call above.
+/// Two mixes are supported:
+/// - q and out float, k and v `Eigen::half` (IEEE binary16) or
+///   `Eigen::bfloat16` (a 16-bit KV cache);
+/// - q, k, v and out all of one 16-bit type (all-16-bit tensors).
+/// The options are `attention_options<float>` in both: lse and scores are
+/// float, the additive mask float. A 16-bit q is widened (exactly) as it is
+/// read and stays float inside the kernel (RoPE rotates it in float); each
+/// output element is rounded once to 16 bits, to nearest even (path::reference
+/// rounds its double result to float first). path::fused (and path::best)
+/// widens K and V rows in registers as it loads them (the lane kernel: each
+/// key tile once into float scratch); path::materialized is not available.
+/// Encoder tables stay float (rope<float>, t5_bias<float>, ...). Other mixes
+/// (double q or out, 16-bit q with float k, q and out of different types, a
+/// 16-bit encoder) are compile errors with a sentence.
 template <class Path = path::best, class T, class Q, class K, class V, class E,
           std::enable_if_t<is_half_storage_v<Q> || is_half_storage_v<K> || is_half_storage_v<V> ||
                                is_half_storage_v<T>,
                            int> = 0>
-void attention(view<Q> q, view<K> k, view<V> v, view<T> out, E const& enc,
-               attention_options<detail::identity_t<T>> const& opt = {}) {
+void attention(view<Q> q, view<K> k, view<V> v, view<T> out, E const& enc, attention_options<float> const& opt = {}) {
   using S = std::remove_const_t<K>;
+  using QS = std::remove_const_t<Q>;
   static_assert(std::is_same_v<S, std::remove_const_t<V>>,
                 "posenc::attention: k and v must have the same element type (both Eigen::half or both "
                 "Eigen::bfloat16)");
-  static_assert(std::is_same_v<std::remove_const_t<Q>, float> && std::is_same_v<T, float>,
+  static_assert(!std::is_same_v<QS, double> && !std::is_same_v<T, double>,
                 "posenc::attention: with 16-bit k and v (Eigen::half, Eigen::bfloat16), q and out must be "
-                "float; 16-bit q or out and double q or out are not supported");
+                "float or of k and v's 16-bit type; double q or out is not supported");
+  static_assert(std::is_same_v<QS, T>,
+                "posenc::attention: q and out must have the same element type (both float, or both the "
+                "16-bit type of k and v)");
+  static_assert(std::is_same_v<QS, float> || std::is_same_v<QS, S>,
+                "posenc::attention: q and out are float or the 16-bit type of k and v (all-16-bit tensors); "
+                "16-bit q with float or double k and v, or with k and v of the other 16-bit type, is not "
+                "supported");
   static_assert(!is_half_storage_v<typename detail::encoder_value_type<E>::type>,
                 "posenc::attention: encoder tables are float for now; build the encoder with float "
-                "(e.g. rope<float>, t5_bias<float>) for 16-bit k and v");
-  if constexpr (std::is_same_v<S, std::remove_const_t<V>> && std::is_same_v<std::remove_const_t<Q>, float> &&
-                std::is_same_v<T, float> && is_half_storage_v<S>) {
+                "(e.g. rope<float>, t5_bias<float>) for 16-bit tensors");
+  if constexpr (std::is_same_v<S, std::remove_const_t<V>> && std::is_same_v<QS, T> &&
+                (std::is_same_v<QS, float> || std::is_same_v<QS, S>) && is_half_storage_v<S>) {
     if constexpr (detail::attention_encoder_ok<float, E>())
-      detail::run_attention<Path, false>(view<const float>(q), view<const S>(k), view<const S>(v), out, enc, opt);
+      detail::run_attention<Path, false>(view<const QS>(q), view<const S>(k), view<const S>(v), out, enc, opt);
   }
 }
 
@@ -361,8 +380,8 @@ namespace detail {
 /// The checks of an attention call over a kv_cache of element type S (q of
 /// element type T), and the options they imply: keys rotated as stored, key
 /// positions from the cache, bottom-right query positions by default.
-template <class T, class S, class E>
-void cache_call_options(view<const T> q, kv_cache<S> const& cache, E const& enc, attention_options<T>& opt) {
+template <class T, class Q, class S, class E>
+void cache_call_options(view<const Q> q, kv_cache<S> const& cache, E const& enc, attention_options<T>& opt) {
   char const* w = "posenc::attention";
   if constexpr (has_encoder_traits_v<E>) {
     constexpr bool rotates = encoder_traits<E>::rotates_queries_keys;
@@ -414,7 +433,7 @@ void cache_call_options(view<const T> q, kv_cache<S> const& cache, E const& enc,
 /// @param cache the keys and values, appended with an encoder acting as `enc`
 /// @param out (batch, Sq, Hq, cache.value_dim())
 /// @throws posenc::error on any bad argument or contradiction, before anything is written.
-template <class Path = path::best, class T, class E>
+template <class Path = path::best, class T, class E, std::enable_if_t<!is_half_storage_v<T>, int> = 0>
 void attention(view<const detail::identity_t<T>> q, kv_cache<T> const& cache, view<detail::identity_t<T>> out,
                E const& enc, attention_options<detail::identity_t<T>> opt = {}) {
   // T is deduced from the cache alone: a call with views in that place never names kv_cache<const T>.
@@ -422,16 +441,18 @@ void attention(view<const detail::identity_t<T>> q, kv_cache<T> const& cache, vi
   attention<Path, T>(q, cache.keys(), cache.values(), out, enc, opt);
 }
 
-/// Attention of float q over a kv_cache stored in 16 bits (kv_cache<Eigen::half>
-/// or kv_cache<Eigen::bfloat16>): the same contract as the float cache above
-/// (positions, rotation, lengths from the cache), computed in float by the
-/// fused path, which widens each cached K and V row in registers as it loads
-/// it (no float copy of the cache).
-/// @param q   (batch, Sq, Hq, D) float
-/// @param out (batch, Sq, Hq, cache.value_dim()) float
+/// Attention over a kv_cache stored in 16 bits (kv_cache<Eigen::half> or
+/// kv_cache<Eigen::bfloat16>) with q and out float, or of the cache's 16-bit
+/// type (all-16-bit): the same contract as the float cache above (positions,
+/// rotation, lengths from the cache), computed in float by the fused path,
+/// which widens each cached K and V row in registers as it loads it (no float
+/// copy of the cache); a 16-bit out is rounded once. Options are float.
+/// @param q   (batch, Sq, Hq, D) float or S
+/// @param out (batch, Sq, Hq, cache.value_dim()) of q's type
 /// @throws posenc::error on any bad argument or contradiction, before anything is written.
-template <class Path = path::best, class S, class E, std::enable_if_t<is_half_storage_v<S>, int> = 0>
-void attention(view<const float> q, kv_cache<S> const& cache, view<float> out, E const& enc,
+template <class Path = path::best, class S, class Q, class E,
+          std::enable_if_t<is_half_storage_v<S> && (std::is_same_v<Q, float> || std::is_same_v<Q, S>), int> = 0>
+void attention(view<const detail::identity_t<Q>> q, kv_cache<S> const& cache, view<Q> out, E const& enc,
                attention_options<float> opt = {}) {
   detail::cache_call_options(q, cache, enc, opt);
   attention<Path>(q, cache.keys(), cache.values(), out, enc, opt);

@@ -61,8 +61,10 @@ index_t fused_scratch_elements(index_t head_dim, index_t value_dim, index_t kv_h
 /// K and V stored in a 16-bit type (KV) take the same route: the row kernel
 /// widens their rows in registers as it loads them, the lane kernel widens
 /// each key and value tile once into float scratch for all its query blocks.
-template <class Tr, class T, class KV, class E>
-void fused_attention(attention_plan<T> const& p, view<const T> q, view<const KV> k, view<const KV> v, view<T> out,
+/// A 16-bit q (Q) is widened into float scratch as its rows are read (and
+/// rotated there), a 16-bit out (O) rounded once as each row is finished.
+template <class Tr, class T, class Q, class KV, class O, class E>
+void fused_attention(attention_plan<T> const& p, view<const Q> q, view<const KV> k, view<const KV> v, view<O> out,
                      E const& enc, rotation_ids const* rot = nullptr) {
   // Relative keys need the row kernel, unless the encoder hands the lane
   // kernel its table by distance (transformer_xl; no value term).
@@ -90,8 +92,8 @@ struct kernel<path::fused> {
   /// loaded (a key tile once per work item, for all its query blocks); else
   /// the entry point passes rotated copies.
   static constexpr bool rotates_itself = true;
-  template <class T, class KV, class E>
-  static void run(attention_plan<T> const& p, view<const T> q, view<const KV> k, view<const KV> v, view<T> out,
+  template <class T, class Q, class KV, class O, class E>
+  static void run(attention_plan<T> const& p, view<const Q> q, view<const KV> k, view<const KV> v, view<O> out,
                   E const& enc, rotation_ids const* rot = nullptr) {
     fused_attention<fused_default_traits<T>>(p, q, k, v, out, enc, rot);
   }

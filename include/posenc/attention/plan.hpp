@@ -71,6 +71,7 @@
 #include "posenc/core/aligned_buffer.hpp"
 #include "posenc/core/checked.hpp"
 #include "posenc/core/error.hpp"
+#include "posenc/core/half.hpp"
 #include "posenc/core/overlap.hpp"
 #include "posenc/core/positions.hpp"
 #include "posenc/core/span.hpp"
@@ -330,8 +331,8 @@ void check_mask(char const* where, char const* name, mask_view<M> const& m, inde
 /// Throws unless every query-key pair that can be visible (not padding; with
 /// causal, p_j <= p_i and within the window) is at most `limit` apart:
 /// a bound from the smallest and largest positions of each batch entry.
-template <class T, class KV>
-void check_distances(char const* w, index_t limit, view<const T> q, view<const KV> k,
+template <class T, class Q, class KV>
+void check_distances(char const* w, index_t limit, view<const Q> q, view<const KV> k,
                      attention_options<T> const& opt) {
   index_t const B = q.batch, Sq = q.seq, Sk = k.seq;
   bool const restricted = opt.causal || opt.sliding_window > 0;
@@ -359,9 +360,9 @@ void check_distances(char const* w, index_t limit, view<const T> q, view<const K
 
 /// Validates every argument of posenc::attention; throws posenc::error before any write.
 /// `w` names the caller in messages (attention_backward validates its forward arguments here too).
-/// K and V are stored as KV: T, or a 16-bit type (float T).
-template <class T, class KV, class E>
-void validate(view<const T> q, view<const KV> k, view<const KV> v, view<T> out, E const& enc,
+/// K and V are stored as KV, q as Q and out as O: T, or a 16-bit type (float T).
+template <class T, class Q, class KV, class O, class E>
+void validate(view<const Q> q, view<const KV> k, view<const KV> v, view<O> out, E const& enc,
               attention_options<T> const& opt, char const* w = "posenc::attention") {
   (void)enc;
   check_view(w, "q", q);
@@ -505,7 +506,8 @@ void validate(view<const T> q, view<const KV> k, view<const KV> v, view<T> out, 
   char const* const out_names[3] = {"out", "lse", "scores"};
   char const* const out_sizes[3] = {"", " (q.batch x q.heads x q.seq elements)",
                                     " (q.batch x q.heads x q.seq x k.seq elements)"};
-  bool const in_place = out.data == q.data && out.batch == q.batch && out.seq == q.seq && out.heads == q.heads &&
+  bool const in_place = static_cast<void const*>(out.data) == static_cast<void const*>(q.data) &&
+                        sizeof(Q) == sizeof(O) && out.batch == q.batch && out.seq == q.seq && out.heads == q.heads &&
                         out.dim == q.dim && out.batch_stride == q.batch_stride && out.seq_stride == q.seq_stride &&
                         out.head_stride == q.head_stride;
   if (in_place) {
@@ -533,8 +535,8 @@ void validate(view<const T> q, view<const KV> k, view<const KV> v, view<T> out, 
 }
 
 /// validate() and resolve the defaults into a plan.
-template <class T, class KV, class E>
-attention_plan<T> make_plan(view<const T> q, view<const KV> k, view<const KV> v, view<T> out,
+template <class T, class Q, class KV, class O, class E>
+attention_plan<T> make_plan(view<const Q> q, view<const KV> k, view<const KV> v, view<O> out,
                             E const& enc, attention_options<T> const& opt, char const* where = "posenc::attention") {
   validate(q, k, v, out, enc, opt, where);
   attention_plan<T> p;
@@ -661,15 +663,21 @@ rotation_plan plan_rotation(attention_plan<T> const& plan, E const& enc, bool ke
   return r;
 }
 
-/// Copy of x into a packed (batch, seq, head, dim) buffer, rotated by enc at
-/// the position ids (batch, seq).
-template <class T, class E>
-view<T> rotated_copy(view<const T> x, aligned_buffer<T>& buf, E const& enc, index_t const* ids, index_t length) {
+/// Copy of x into a packed (batch, seq, head, dim) buffer of T, rotated by
+/// enc at the position ids (batch, seq). x of a 16-bit type S is widened
+/// (exactly) into the T copy, which stays T: no rounding beyond x's own.
+template <class T, class S, class E>
+view<T> rotated_copy(view<const S> x, aligned_buffer<T>& buf, E const& enc, index_t const* ids, index_t length) {
   buf = aligned_buffer<T>::uninitialized(x.size());
   view<T> y = make_bshd(buf.data(), x.batch, x.seq, x.heads, x.dim);
   for (index_t b = 0; b < x.batch; ++b)
     for (index_t s = 0; s < x.seq; ++s)
-      for (index_t h = 0; h < x.heads; ++h) std::copy(x.ptr(b, s, h), x.ptr(b, s, h) + x.dim, y.ptr(b, s, h));
+      for (index_t h = 0; h < x.heads; ++h) {
+        if constexpr (std::is_same_v<S, T>)
+          std::copy(x.ptr(b, s, h), x.ptr(b, s, h) + x.dim, y.ptr(b, s, h));
+        else
+          widen_row(x.ptr(b, s, h), x.dim, y.ptr(b, s, h));
+      }
   enc.rotate(y, position_span::ids(ids, x.batch, x.seq), length);
   return y;
 }

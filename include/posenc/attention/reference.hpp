@@ -12,14 +12,27 @@
 
 namespace posenc::detail {
 
+/// Query row q (D elements) as T: q itself, or widened (exactly) into buf.
+template <class T, class Q>
+T const* query_row(Q const* q, index_t D, T* buf) noexcept {
+  if constexpr (std::is_same_v<Q, T>) {
+    (void)D, (void)buf;
+    return q;
+  } else {
+    widen_row(q, D, buf);
+    return buf;
+  }
+}
+
 /// Scalar attention following docs/formulas.md 5.1 step by step. Dot products,
 /// softmax and the weighted sum of values accumulate in `Acc` (double for
 /// path::reference; float gives the "plain float implementation" the tests
 /// use to set their tolerance). Encoder hooks work in T. K and V are stored
-/// as KV: T, or a 16-bit type widened (exactly) as each element is read.
-template <class Acc, class T, class KV, class E>
-void reference_attention(attention_plan<T> const& p, view<const T> q, view<const KV> k,
-                         view<const KV> v, view<T> out, E const& enc) {
+/// as KV, q as Q and out as O: T, or a 16-bit type; a 16-bit element is
+/// widened (exactly) as it is read, a 16-bit output rounded from T once.
+template <class Acc, class T, class Q, class KV, class O, class E>
+void reference_attention(attention_plan<T> const& p, view<const Q> q, view<const KV> k,
+                         view<const KV> v, view<O> out, E const& enc) {
   using traits = encoder_traits<E>;
   index_t const Sq = p.q_len, Sk = p.k_len, D = p.head_dim, Dv = p.value_dim;
   Acc const scale = static_cast<Acc>(p.scale);
@@ -30,6 +43,7 @@ void reference_attention(attention_plan<T> const& p, view<const T> q, view<const
     std::vector<Acc> s_buf(static_cast<std::size_t>(Sk)), acc_buf(static_cast<std::size_t>(Dv));
     std::vector<T> tmp_buf(static_cast<std::size_t>(Sk)), prob_buf(static_cast<std::size_t>(Sk));
     std::vector<T> extra_buf(static_cast<std::size_t>(Dv));
+    std::vector<T> q_buf(std::is_same_v<Q, T> ? 0 : static_cast<std::size_t>(D));
     Acc* const s = s_buf.data();
     Acc* const acc = acc_buf.data();
     T* const tmp = tmp_buf.data();
@@ -42,7 +56,7 @@ void reference_attention(attention_plan<T> const& p, view<const T> q, view<const
       }
     };
     for (index_t i = 0; i < Sq; ++i) {
-      T const* qi = q.ptr(b, i, h);
+      T const* qi = query_row(q.ptr(b, i, h), D, q_buf.data());
       for (index_t j = 0; j < Sk; ++j) {
         KV const* kj = k.ptr(b, j, hk);
         Acc dot = 0;
@@ -71,17 +85,17 @@ void reference_attention(attention_plan<T> const& p, view<const T> q, view<const
         nan_score = nan_score || std::isnan(s[j]);
         m = s[j] > m ? s[j] : m;
       }
-      T* oi = out.ptr(b, i, h);
+      O* oi = out.ptr(b, i, h);
       if (nan_score) {  // a visible score is NaN: the whole row is NaN (docs/formulas.md 5.4)
         T const nan = std::numeric_limits<T>::quiet_NaN();
-        for (index_t d = 0; d < Dv; ++d) oi[d] = nan;
+        for (index_t d = 0; d < Dv; ++d) oi[d] = to_output<O>(nan);
         p.set_lse(b, h, i, nan);
         for (index_t j = 0; j < Sk; ++j) s[j] = std::numeric_limits<Acc>::quiet_NaN();
         capture(i, score_stage::probabilities);
         continue;
       }
       if (m == ninf) {  // no visible key: zeros, lse = -inf (docs/formulas.md 5.4)
-        for (index_t d = 0; d < Dv; ++d) oi[d] = T(0);
+        for (index_t d = 0; d < Dv; ++d) oi[d] = to_output<O>(T(0));
         p.set_lse(b, h, i, -std::numeric_limits<T>::infinity());
         for (index_t j = 0; j < Sk; ++j) s[j] = 0;
         capture(i, score_stage::probabilities);
@@ -105,7 +119,7 @@ void reference_attention(attention_plan<T> const& p, view<const T> q, view<const
         encoder_values(p, enc, prob, b, i, 0, Sk, extra);
         for (index_t d = 0; d < Dv; ++d) acc[d] += static_cast<Acc>(extra[d]);
       }
-      for (index_t d = 0; d < Dv; ++d) oi[d] = static_cast<T>(acc[d]);
+      for (index_t d = 0; d < Dv; ++d) oi[d] = to_output<O>(static_cast<T>(acc[d]));
       p.set_lse(b, h, i, static_cast<T>(m + std::log(sum)));
       capture(i, score_stage::probabilities);
     }
@@ -118,9 +132,9 @@ struct kernel<path::reference> {
   static constexpr bool available = true;
   static constexpr bool provides_scores = true;
   static constexpr bool rotates_itself = false;
-  template <class T, class KV, class E>
-  static void run(attention_plan<T> const& p, view<const T> q, view<const KV> k, view<const KV> v,
-                  view<T> out, E const& enc) {
+  template <class T, class Q, class KV, class O, class E>
+  static void run(attention_plan<T> const& p, view<const Q> q, view<const KV> k, view<const KV> v,
+                  view<O> out, E const& enc) {
     reference_attention<double>(p, q, k, v, out, enc);
   }
 };

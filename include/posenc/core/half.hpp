@@ -52,6 +52,19 @@ inline S to_storage(float x) noexcept {
   }
 }
 
+/// A computed value x of T as stored in D: x itself when D is T, else
+/// (float x, 16-bit D) rounded once to nearest even.
+template <class D, class T>
+inline D to_output(T x) noexcept {
+  if constexpr (std::is_same_v<D, T>) {
+    return x;
+  } else {
+    static_assert(std::is_same_v<T, float> && is_half_storage_v<D>,
+                  "posenc::detail::to_output: D is T, or a 16-bit type with float T");
+    return to_storage<D>(x);
+  }
+}
+
 /// Copies n stored elements into T (widening 16-bit ones).
 template <class T, class S>
 inline void widen_row(S const* src, index_t n, T* dst) noexcept {

@@ -35,8 +35,8 @@ namespace posenc::detail::fused {
 /// software prefetch of the next tile made it slower. `states(hk, grp)` gives
 /// the state of a row group; rr holds kv_heads * groups entries. `Guard` as
 /// in row_tile.
-template <class Tr, bool Guard, class T, class KV, class E, class StateOf>
-void decode_item(attention_plan<T> const& p, view<const T> q, view<const KV> k, view<const KV> v, E const& enc,
+template <class Tr, bool Guard, class T, class Q, class KV, class E, class StateOf>
+void decode_item(attention_plan<T> const& p, view<const Q> q, view<const KV> k, view<const KV> v, E const& enc,
                  index_t b, index_t j0, index_t j1, rotation_ids const* rot, row_scratch<Tr> const& sc,
                  row_rows<Tr>* rr, StateOf const& states) noexcept {
   constexpr index_t rg_v = Tr::row_group_v, bk_v = Tr::block_kv_v;
@@ -105,9 +105,10 @@ std::pair<T, T> merge_partials(T const* m, T const* l, T* o, index_t n, index_t 
   return {mx, sum};
 }
 
-/// Writes row (b, i, h) from (max, sum, unnormalised output) and its log-sum-exp.
-template <class T>
-void finish_row(attention_plan<T> const& p, view<T> out, index_t b, index_t h, index_t i, T m, T l,
+/// Writes row (b, i, h) from (max, sum, unnormalised output) and its
+/// log-sum-exp (a 16-bit out rounded once).
+template <class T, class O>
+void finish_row(attention_plan<T> const& p, view<O> out, index_t b, index_t h, index_t i, T m, T l,
                 T const* o) noexcept {
   p.set_lse(b, h, i, normalize_row(out.ptr(b, i, h), p.value_dim, o, 1, m, l));
 }
@@ -116,8 +117,8 @@ void finish_row(attention_plan<T> const& p, view<T> out, index_t b, index_t h, i
 /// per-head row items, split over key chunks when that keeps the threads
 /// busy, then merged. K and V are stored as KV (T, or a 16-bit type widened
 /// in registers as loaded).
-template <class Tr, class T, class KV, class E>
-void run_row_kernel(attention_plan<T> const& p, view<const T> q, view<const KV> k, view<const KV> v, view<T> out,
+template <class Tr, class T, class Q, class KV, class O, class E>
+void run_row_kernel(attention_plan<T> const& p, view<const Q> q, view<const KV> k, view<const KV> v, view<O> out,
                     E const& enc, rotation_ids const* rot) {
   constexpr index_t rg_v = Tr::row_group_v;
   constexpr bool decode_v = !encoder_traits<E>::relative_key_value;

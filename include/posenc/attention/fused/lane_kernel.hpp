@@ -85,13 +85,14 @@ struct lane_scratch {
 
 /// What every step of one work item shares: the call, the item's (b, kv head)
 /// and the per-call decisions. K and V are stored as KV: T, or a 16-bit type.
-template <class Tr, class E, class KV = typename Tr::value_type>
+template <class Tr, class E, class KV = typename Tr::value_type, class Q = typename Tr::value_type,
+          class O = typename Tr::value_type>
 struct lane_item_context {
   using T = typename Tr::value_type;
   attention_plan<T> const& p;
-  view<const T> q;
+  view<const Q> q;  // T, or a 16-bit type widened as its rows are read
   view<const KV> k, v;
-  view<T> out;
+  view<O> out;  // T, or a 16-bit type rounded once as each row is finished
   E const& enc;
   rotation_ids const* rot;  // rotate queries and key tiles here; null: they arrive rotated
   index_t b, hk;
@@ -99,11 +100,43 @@ struct lane_item_context {
   bool diagonal_bias;  // a shift-invariant bias without masks
 };
 
+/// Query row copy into scratch: copied as T, or a 16-bit row widened (exactly).
+template <class T, class Q>
+POSENC_ALWAYS_INLINE void lane_query_row(Q const* qi, index_t head_dim, T* dst) noexcept {
+  if constexpr (std::is_same_v<Q, T>)
+    std::copy(qi, qi + head_dim, dst);
+  else
+    widen_row(qi, head_dim, dst);
+}
+
+/// A query row as T for an encoder hook: q itself, or a 16-bit row widened
+/// into dst (head_dim elements of scratch no step holds at that point).
+template <class T, class Q>
+POSENC_ALWAYS_INLINE T const* lane_query_in(Q const* qi, index_t head_dim, T* dst) noexcept {
+  if constexpr (std::is_same_v<Q, T>) {
+    (void)head_dim, (void)dst;
+    return qi;
+  } else {
+    widen_row(qi, head_dim, dst);
+    return dst;
+  }
+}
+
+/// The query row a bias hook receives (bias_row reads no query): q itself
+/// when it is T, else null.
+template <class T, class Q>
+POSENC_ALWAYS_INLINE T const* lane_bias_query(Q const* qi) noexcept {
+  if constexpr (std::is_same_v<Q, T>)
+    return qi;
+  else
+    return (void)qi, static_cast<T const*>(nullptr);
+}
+
 /// Block setup: fills the transposed (rotated) queries, zero output, empty
 /// statistics and the visible key ranges of blocks [blk0, blk0 + nb).
 /// Returns the union [first, last) of the keys any of their rows sees.
-template <class Tr, class E, class KV>
-key_range lane_begin_blocks(lane_item_context<Tr, E, KV> const& c, lane_scratch<Tr> const& sc, block_keys<Tr>* keys,
+template <class Tr, class E, class KV, class Q, class O>
+key_range lane_begin_blocks(lane_item_context<Tr, E, KV, Q, O> const& c, lane_scratch<Tr> const& sc, block_keys<Tr>* keys,
                             index_t blk0, index_t nb) noexcept {
   using T = typename Tr::value_type;
   constexpr index_t bq_v = Tr::block_q_v;
@@ -121,12 +154,12 @@ key_range lane_begin_blocks(lane_item_context<Tr, E, KV> const& c, lane_scratch<
     std::fill(bb.l, bb.l + bq_v, T(0));
     for (index_t l = 0; l < bk.rows; ++l) {
       index_t const r = bk.row0 + l, i = r / group, h = c.hk * group + r % group;
-      T const* qi = c.q.ptr(c.b, i, h);
+      Q const* qi = c.q.ptr(c.b, i, h);
       if (c.rot) {
-        std::copy(qi, qi + head_dim, sc.qrows + l * head_dim);
+        lane_query_row<T>(qi, head_dim, sc.qrows + l * head_dim);
         rid[l] = c.rot->q[c.b * p.q_len + i];
       } else {
-        for (index_t d = 0; d < head_dim; ++d) bb.qt[d * bq_v + l] = qi[d];
+        for (index_t d = 0; d < head_dim; ++d) bb.qt[d * bq_v + l] = stored_value<T>(qi[d]);
       }
       bk.add_row(l, p.visible_range(c.b, i, 0, p.k_len));
     }
@@ -202,8 +235,8 @@ struct position_tiles {
 /// over the tile's lanes - keys distances when the block is one head at
 /// consecutive positions, the keys are consecutive and every distance is in
 /// the table; else the encoder's score_row per row.
-template <class Tr, class E, class KV>
-void lane_tile_positions(lane_item_context<Tr, E, KV> const& c, lane_scratch<Tr> const& sc, block_keys<Tr> const& bk,
+template <class Tr, class E, class KV, class Q, class O>
+void lane_tile_positions(lane_item_context<Tr, E, KV, Q, O> const& c, lane_scratch<Tr> const& sc, block_keys<Tr> const& bk,
                          typename Tr::value_type const* qt, tile_plan const& tp, index_t t0, index_t nvec) noexcept {
   using T = typename Tr::value_type;
   constexpr index_t w_v = Tr::width_v, bq_v = Tr::block_q_v, bk_v = Tr::block_kv_v, mq_v = Tr::micro_q_v;
@@ -228,7 +261,7 @@ void lane_tile_positions(lane_item_context<Tr, E, KV> const& c, lane_scratch<Tr>
     if (pi < 0) continue;  // sees no key
     T* row = sc.brow + l * bk_v;
     std::fill(row, row + keys, T(0));
-    T const* qi = c.q.ptr(c.b, i, h);
+    T const* qi = lane_query_in(c.q.ptr(c.b, i, h), p.head_dim, sc.qrows + l * p.head_dim);
     for_each_key_run(p, c.b, t0, keys, [&](index_t kp, index_t t, index_t len) {
       c.enc.score_row(h, qi, pi, kp, len, T(1), row + t);
     });
@@ -239,8 +272,8 @@ void lane_tile_positions(lane_item_context<Tr, E, KV> const& c, lane_scratch<Tr>
 /// Tile bias and visibility: prepares what the tile's kind adds to the
 /// scores: the diagonal (diag), the per-key terms transposed (bt, -inf where
 /// invisible or masked) or the per-lane bounds (rlo, rhi).
-template <class Tr, class E, class KV>
-void lane_tile_terms(lane_item_context<Tr, E, KV> const& c, lane_scratch<Tr> const& sc, block_keys<Tr> const& bk,
+template <class Tr, class E, class KV, class Q, class O>
+void lane_tile_terms(lane_item_context<Tr, E, KV, Q, O> const& c, lane_scratch<Tr> const& sc, block_keys<Tr> const& bk,
                      tile_plan const& tp, index_t t0, index_t nk, index_t nvec) noexcept {
   using T = typename Tr::value_type;
   using A = typename Tr::arch;
@@ -275,7 +308,7 @@ void lane_tile_terms(lane_item_context<Tr, E, KV> const& c, lane_scratch<Tr> con
       continue;
     }
     index_t const r = bk.row0 + l, i = r / group, h = c.hk * group + r % group;
-    encoder_terms<score_term::bias>(p, c.enc, c.q.ptr(c.b, i, h), c.b, h, i, t0, keys, row);
+    encoder_terms<score_term::bias>(p, c.enc, lane_bias_query<T>(c.q.ptr(c.b, i, h)), c.b, h, i, t0, keys, row);
     if (!bk.lane_covers(l, t0, keys) || p.has_masks()) apply_masks(p, c.b, h, i, t0, keys, row);
   }
   for (index_t l0 = 0; l0 < nvec * w_v; l0 += w_v) {
@@ -356,8 +389,8 @@ POSENC_ALWAYS_INLINE void lane_tile_values(typename Tr::value_type const* vt, in
 
 /// Finish: normalises each row of blocks [0, nb) into out (b, i, h, :) and
 /// writes its log-sum-exp.
-template <class Tr, class E, class KV>
-void lane_finish_blocks(lane_item_context<Tr, E, KV> const& c, lane_scratch<Tr> const& sc, block_keys<Tr> const* keys,
+template <class Tr, class E, class KV, class Q, class O>
+void lane_finish_blocks(lane_item_context<Tr, E, KV, Q, O> const& c, lane_scratch<Tr> const& sc, block_keys<Tr> const* keys,
                         index_t nb) noexcept {
   using T = typename Tr::value_type;
   index_t const group = c.p.group;
@@ -374,8 +407,8 @@ void lane_finish_blocks(lane_item_context<Tr, E, KV> const& c, lane_scratch<Tr> 
 /// Tile packing of 16-bit K and V: the tile's keys (rotated here, or widened)
 /// into ktile and its values into vtile, as float, once for every block of the
 /// item that uses the tile.
-template <class Tr, class E, class KV>
-void lane_widen_tile(lane_item_context<Tr, E, KV> const& c, lane_scratch<Tr> const& sc, index_t t0,
+template <class Tr, class E, class KV, class Q, class O>
+void lane_widen_tile(lane_item_context<Tr, E, KV, Q, O> const& c, lane_scratch<Tr> const& sc, index_t t0,
                      index_t nk) noexcept {
   using T = typename Tr::value_type;
   using A = typename Tr::arch;
@@ -388,8 +421,8 @@ void lane_widen_tile(lane_item_context<Tr, E, KV> const& c, lane_scratch<Tr> con
 }
 
 /// Distance between the value rows the tile steps read: V itself, or vtile.
-template <class Tr, class E, class KV>
-POSENC_ALWAYS_INLINE index_t lane_value_stride(lane_item_context<Tr, E, KV> const& c) noexcept {
+template <class Tr, class E, class KV, class Q, class O>
+POSENC_ALWAYS_INLINE index_t lane_value_stride(lane_item_context<Tr, E, KV, Q, O> const& c) noexcept {
   if constexpr (std::is_same_v<KV, typename Tr::value_type>)
     return c.v.seq_stride;
   else
@@ -399,8 +432,8 @@ POSENC_ALWAYS_INLINE index_t lane_value_stride(lane_item_context<Tr, E, KV> cons
 /// Every tile of blocks [0, nb) of an item: scores, terms, softmax update,
 /// values. `Guard`: in tiles whose V is not all finite, keys of probability 0
 /// add nothing (0 * NaN would be NaN).
-template <class Tr, bool Guard, class E, class KV>
-void lane_item_tiles(lane_item_context<Tr, E, KV> const& c, lane_scratch<Tr> const& sc, block_keys<Tr> const* keys,
+template <class Tr, bool Guard, class E, class KV, class Q, class O>
+void lane_item_tiles(lane_item_context<Tr, E, KV, Q, O> const& c, lane_scratch<Tr> const& sc, block_keys<Tr> const* keys,
                      index_t nb, key_range span) noexcept {
   using T = typename Tr::value_type;
   constexpr index_t bq_v = Tr::block_q_v, bk_v = Tr::block_kv_v;
@@ -485,8 +518,8 @@ bool lane_outputs_finite(lane_scratch<Tr> const& sc, block_keys<Tr> const* keys,
 /// finite result is then exact. Otherwise (rare: V holds NaN or Inf) the item
 /// runs again with the guard, which gives the same values where the first
 /// run was finite.
-template <class Tr, class E, class KV>
-void lane_item(lane_item_context<Tr, E, KV> const& c, lane_scratch<Tr> const& sc, index_t blk0, index_t blk1) noexcept {
+template <class Tr, class E, class KV, class Q, class O>
+void lane_item(lane_item_context<Tr, E, KV, Q, O> const& c, lane_scratch<Tr> const& sc, index_t blk0, index_t blk1) noexcept {
   index_t const nb = blk1 - blk0;
   block_keys<Tr> keys[Tr::blocks_per_item_v];
   key_range span = lane_begin_blocks(c, sc, keys, blk0, nb);
@@ -502,8 +535,8 @@ void lane_item(lane_item_context<Tr, E, KV> const& c, lane_scratch<Tr> const& sc
 /// blocks_per_item_v query blocks) spread over the threads. K and V stored as
 /// a 16-bit KV are widened tile by tile (lane_widen_tile); the scratch then
 /// holds a value tile as well.
-template <class Tr, class T, class KV, class E>
-void run_lane_kernel(attention_plan<T> const& p, view<const T> q, view<const KV> k, view<const KV> v, view<T> out,
+template <class Tr, class T, class Q, class KV, class O, class E>
+void run_lane_kernel(attention_plan<T> const& p, view<const Q> q, view<const KV> k, view<const KV> v, view<O> out,
                      E const& enc, rotation_ids const* rot) {
   constexpr index_t bq_v = Tr::block_q_v;
   index_t const batch = p.batch, kv_heads = p.kv_heads, rows = p.q_len * p.group;
@@ -523,7 +556,7 @@ void run_lane_kernel(attention_plan<T> const& p, view<const T> q, view<const KV>
     int const tid = std::min(thread_index(), threads - 1);  // serial: one slot
     auto const sc = carve_scratch<lane_scratch<Tr>>(scratch.data() + tid * per_thread, per_thread, p.head_dim,
                                                     p.value_dim, widened_value_dim);
-    lane_item_context<Tr, E, KV> const c{p,  q,  k,  v, out, enc, rot, bh / kv_heads, bh % kv_heads, has_bias || p.has_masks(),
+    lane_item_context<Tr, E, KV, Q, O> const c{p,  q,  k,  v, out, enc, rot, bh / kv_heads, bh % kv_heads, has_bias || p.has_masks(),
                                      diagonal_bias};
     index_t const blk0 = sb * per_item;
     lane_item(c, sc, blk0, std::min(nblocks, blk0 + per_item));

@@ -66,10 +66,10 @@ struct row_scratch {
 };
 
 /// Row setup: rows [r0, r0 + ng) of (b, hk) against keys [j0, j1) get their
-/// query pointers (copied into qbuf and rotated with `rot`), visible ranges
-/// and a fresh state.
-template <class Tr, class T, class E>
-void row_begin(attention_plan<T> const& p, view<const T> q, E const& enc, index_t b, index_t hk, index_t r0,
+/// query pointers (copied into qbuf and rotated with `rot`; a 16-bit q is
+/// widened into qbuf and stays float), visible ranges and a fresh state.
+template <class Tr, class T, class Q, class E>
+void row_begin(attention_plan<T> const& p, view<const Q> q, E const& enc, index_t b, index_t hk, index_t r0,
                index_t ng, index_t j0, index_t j1, rotation_ids const* rot, T* qbuf, row_rows<Tr>& rr,
                row_state<T> st) noexcept {
   index_t const head_dim = p.head_dim, value_dim = p.value_dim, group = p.group;
@@ -81,8 +81,12 @@ void row_begin(attention_plan<T> const& p, view<const T> q, E const& enc, index_
     index_t const r = r0 + g;
     rr.i[g] = r / group;
     rr.h[g] = hk * group + r % group;
-    T const* src = q.ptr(b, rr.i[g], rr.h[g]);
-    if (rot) {
+    Q const* src = q.ptr(b, rr.i[g], rr.h[g]);
+    if constexpr (!std::is_same_v<Q, T>) {  // 16-bit q: widened once, rotated below in float
+      widen_row(src, head_dim, qbuf + g * head_dim);
+      rr.q[g] = qbuf + g * head_dim;
+      if (rot) rid[g] = rot->q[b * p.q_len + rr.i[g]];
+    } else if (rot) {
       std::copy(src, src + head_dim, qbuf + g * head_dim);
       rid[g] = rot->q[b * p.q_len + rr.i[g]];
       rr.q[g] = qbuf + g * head_dim;
@@ -201,8 +205,8 @@ void guarded_rerun(Run const& run, Finite const& finite) noexcept {
 
 /// Every key tile of rows [r0, r0 + ng) of (b, hk) over keys [j0, j1);
 /// `Guard` as in row_tile.
-template <class Tr, bool Guard, class T, class KV, class E>
-void row_item_tiles(attention_plan<T> const& p, view<const T> q, view<const KV> k, view<const KV> v, E const& enc,
+template <class Tr, bool Guard, class T, class Q, class KV, class E>
+void row_item_tiles(attention_plan<T> const& p, view<const Q> q, view<const KV> k, view<const KV> v, E const& enc,
                     index_t b, index_t hk, index_t r0, index_t ng, index_t j0, index_t j1, rotation_ids const* rot,
                     row_scratch<Tr> const& sc, row_state<T> st) noexcept {
   constexpr index_t bk_v = Tr::block_kv_v;
@@ -223,8 +227,8 @@ void row_item_tiles(attention_plan<T> const& p, view<const T> q, view<const KV> 
 
 /// Row kernel over rows [r0, r0 + ng) of (b, hk) and keys [j0, j1): leaves
 /// (max, sum, unnormalised output) per row in `st`.
-template <class Tr, class T, class KV, class E>
-void row_item(attention_plan<T> const& p, view<const T> q, view<const KV> k, view<const KV> v, E const& enc,
+template <class Tr, class T, class Q, class KV, class E>
+void row_item(attention_plan<T> const& p, view<const Q> q, view<const KV> k, view<const KV> v, E const& enc,
               index_t b, index_t hk, index_t r0, index_t ng, index_t j0, index_t j1, rotation_ids const* rot,
               row_scratch<Tr> const& sc, row_state<T> st) noexcept {
   guarded_rerun([&](auto guard) {

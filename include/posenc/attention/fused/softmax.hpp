@@ -15,6 +15,7 @@
 #include <limits>
 
 #include "posenc/attention/fused/traits.hpp"
+#include "posenc/core/half.hpp"
 #include "posenc/core/simd.hpp"
 #include "posenc/core/span.hpp"
 
@@ -108,15 +109,16 @@ inline typename Tr::value_type row_softmax_update(typename Tr::value_type* s, in
 /// dst[d] = o[d * o_stride] / l for d < value_dim (zeros when l = 0: no
 /// visible key; NaN when l or m is NaN: a visible score was NaN, and exp(NaN)
 /// made the sum NaN whatever the running max did). Returns the row's
-/// log-sum-exp, m + log(l), -inf when l = 0, NaN with a NaN row.
-template <class T>
-inline T normalize_row(T* dst, index_t value_dim, T const* o, index_t o_stride, T m, T l) noexcept {
+/// log-sum-exp, m + log(l), -inf when l = 0, NaN with a NaN row. A 16-bit
+/// dst (float T) gets each value rounded once, to nearest even.
+template <class T, class D>
+inline T normalize_row(D* dst, index_t value_dim, T const* o, index_t o_stride, T m, T l) noexcept {
   if (std::isnan(l) || std::isnan(m)) {
-    for (index_t d = 0; d < value_dim; ++d) dst[d] = std::numeric_limits<T>::quiet_NaN();
+    for (index_t d = 0; d < value_dim; ++d) dst[d] = to_output<D>(std::numeric_limits<T>::quiet_NaN());
     return std::numeric_limits<T>::quiet_NaN();
   }
   T const inv = l > 0 ? T(1) / l : T(0);
-  for (index_t d = 0; d < value_dim; ++d) dst[d] = o[d * o_stride] * inv;
+  for (index_t d = 0; d < value_dim; ++d) dst[d] = to_output<D>(o[d * o_stride] * inv);
   return l > 0 ? m + std::log(l) : -std::numeric_limits<T>::infinity();
 }
 
