@@ -3,6 +3,7 @@
 #include <posenc/attention/attention.hpp>
 #include <posenc/attention/backward.hpp>
 #include <posenc/attention/fused.hpp>
+#include <posenc/core/half.hpp>
 #include <posenc/encoding/alibi.hpp>
 #include <posenc/encoding/none.hpp>
 #include <posenc/encoding/rope.hpp>
@@ -222,6 +223,64 @@ TEST_CASE("bf16 products: inputs already bfloat16 with one visible key give the 
   opt.products = posenc::product_precision::bfloat16;
   auto const got = run<posenc::path::fused>(in, posenc::none{}, opt);
   CHECK(got == f32);
+}
+
+TEST_CASE("bf16 products: 16-bit tensors give the float call on their widened values, rounded once",
+          "[bf16][attention][half]") {
+  // Widening is exact and the mode packs the same float values into
+  // bfloat16 pairs, so 16-bit K and V (float q, out) give, bit for bit, the
+  // float call on the widened K and V; all-16-bit tensors give that result
+  // rounded once to the output's type.
+  dims const s = GENERATE(dims{130, 130, 4, 2, 64}, dims{70, 90, 2, 1, 65});
+  inputs const in(s, 0x16b);
+  auto const run_all = [&](auto tag, posenc::attention_options<float> const& opt, auto const& enc) {
+    using S = decltype(tag);
+    auto const narrow = [](std::vector<float> const& x) {
+      std::vector<S> r(x.size());
+      for (std::size_t i = 0; i < x.size(); ++i) r[i] = posenc::detail::to_storage<S>(x[i]);
+      return r;
+    };
+    auto const widen = [](std::vector<S> const& x) {
+      std::vector<float> r(x.size());
+      for (std::size_t i = 0; i < x.size(); ++i) r[i] = posenc::detail::stored_value<float>(x[i]);
+      return r;
+    };
+    std::vector<S> const q16 = narrow(in.q), k16 = narrow(in.k), v16 = narrow(in.v);
+    inputs wide = in;
+    wide.k = widen(k16);
+    wide.v = widen(v16);
+    // 16-bit K and V, float q and out.
+    std::vector<float> mixed(in.q.size(), -7.0f);
+    posenc::attention<posenc::path::fused>(posenc::make_bshd<const float>(in.q.data(), 1, s.Sq, s.Hq, s.D),
+                                           posenc::make_bshd<const S>(k16.data(), 1, s.Sk, s.Hkv, s.D),
+                                           posenc::make_bshd<const S>(v16.data(), 1, s.Sk, s.Hkv, s.D),
+                                           posenc::make_bshd(mixed.data(), 1, s.Sq, s.Hq, s.D), enc, opt);
+    CHECK(mixed == run<posenc::path::fused>(wide, enc, opt));
+    // All four tensors 16-bit.
+    wide.q = widen(q16);
+    std::vector<S> out16(in.q.size(), posenc::detail::to_storage<S>(-7.0f));
+    posenc::attention<posenc::path::fused>(posenc::make_bshd<const S>(q16.data(), 1, s.Sq, s.Hq, s.D),
+                                           posenc::make_bshd<const S>(k16.data(), 1, s.Sk, s.Hkv, s.D),
+                                           posenc::make_bshd<const S>(v16.data(), 1, s.Sk, s.Hkv, s.D),
+                                           posenc::make_bshd(out16.data(), 1, s.Sq, s.Hq, s.D), enc, opt);
+    std::vector<float> const f = run<posenc::path::fused>(wide, enc, opt);
+    std::size_t differ = 0;
+    for (std::size_t i = 0; i < f.size(); ++i)
+      if (Eigen::numext::bit_cast<std::uint16_t>(out16[i]) !=
+          Eigen::numext::bit_cast<std::uint16_t>(posenc::detail::to_storage<S>(f[i])))
+        ++differ;
+    INFO(describe(s) << ": " << differ << " 16-bit outputs differ from the float call rounded once");
+    CHECK(differ == 0);
+  };
+  posenc::attention_options<float> opt;
+  opt.products = posenc::product_precision::bfloat16;
+  for (bool causal : {false, true}) {
+    opt.causal = causal;
+    run_all(Eigen::half{}, opt, posenc::none{});
+    run_all(Eigen::bfloat16{}, opt, posenc::none{});
+    run_all(Eigen::half{}, opt, posenc::alibi<float>(posenc::alibi_form::paper, s.Hq));
+    run_all(Eigen::bfloat16{}, opt, posenc::alibi<float>(posenc::alibi_form::paper, s.Hq));
+  }
 }
 
 TEST_CASE("bf16 products: off by default; float32 is the default call", "[bf16][attention]") {
