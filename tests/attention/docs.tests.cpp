@@ -105,8 +105,18 @@ TEST_CASE("docs/attention.md: K and V stored in 16 bits", "[docs][half]") {
   posenc::rope<float> rope(posenc::rope_layout::half_split, head_dim);
   posenc::attention_options<float> opt;
   opt.causal = true;
+  std::vector<Eigen::half> qh(qf.begin(), qf.end()), oh(qf.size());
+  auto q16 = posenc::make_bshd<const Eigen::half>(qh.data(), 1, n, q_heads, head_dim);
+  auto out16 = posenc::make_bshd(oh.data(), 1, n, q_heads, head_dim);
   posenc::view<const Eigen::half> k = posenc::make_bshd<const Eigen::half>(k16.data(), 1, n, kv_heads, head_dim);
   posenc::view<const Eigen::half> v = posenc::make_bshd<const Eigen::half>(v16.data(), 1, n, kv_heads, head_dim);
-  posenc::attention(q, k, v, out, rope, opt);  // q, out: float views
+  posenc::attention(q, k, v, out, rope, opt);      // q, out: float views
+  posenc::attention(q16, k, v, out16, rope, opt);  // q16, out16: Eigen::half views, opt: attention_options<float>
   for (float x : o) CHECK(std::isfinite(x));
+  // q16 holds q rounded to binary16, so the two calls differ by about one
+  // binary16 rounding of q and of the output.
+  for (std::size_t i = 0; i < o.size(); ++i) {
+    CHECK(std::isfinite(static_cast<float>(oh[i])));
+    CHECK(static_cast<float>(oh[i]) == posenc_test::Approx(o[i]).margin(1e-2));
+  }
 }

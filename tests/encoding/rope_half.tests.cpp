@@ -390,3 +390,31 @@ TEMPLATE_TEST_CASE("rope 16-bit: bad input throws the float call's error before 
   CHECK(count_diff(k.buf, k0.buf) == 0);
   CHECK(count_diff(wrong_dim.buf, w0.buf) == 0);
 }
+
+TEST_CASE("docs/encoders/rope.md: rotating 16-bit q and k in place", "[rope][half][docs]") {
+  index_t const B = 2, S = 5, H = 4, Hkv = 2, D = 16, past_len = 7;
+  auto const qf = posenc_test::random_vector<float>(static_cast<std::size_t>(B * S * H * D), 21);
+  auto const kf = posenc_test::random_vector<float>(static_cast<std::size_t>(B * S * Hkv * D), 22);
+  std::vector<Eigen::half> q16(B * S * H * D), k16(B * S * Hkv * D);
+  for (std::size_t i = 0; i < q16.size(); ++i) q16[i] = posenc::detail::to_storage<Eigen::half>(qf[i]);
+  for (std::size_t i = 0; i < k16.size(); ++i) k16[i] = posenc::detail::to_storage<Eigen::half>(kf[i]);
+  // The float rotation of the widened values, for the check below.
+  std::vector<float> qw(q16.size()), kw(k16.size());
+  for (std::size_t i = 0; i < q16.size(); ++i) qw[i] = posenc::detail::stored_value<float>(q16[i]);
+  for (std::size_t i = 0; i < k16.size(); ++i) kw[i] = posenc::detail::stored_value<float>(k16[i]);
+  // q16: (B, S, H, D) and k16: (B, S, Hkv, D), std::vector<Eigen::half>
+  posenc::rope<float> rope(posenc::rope_layout::half_split, D);
+  rope.reserve(4096);
+  rope.rotate_qk(posenc::make_bshd(q16.data(), B, S, H, D), posenc::make_bshd(k16.data(), B, S, Hkv, D),
+                 posenc::position_span(past_len));
+  rope.rotate_qk(posenc::make_bshd(qw.data(), B, S, H, D), posenc::make_bshd(kw.data(), B, S, Hkv, D),
+                 posenc::position_span(past_len));
+  std::size_t differ = 0;
+  for (std::size_t i = 0; i < q16.size(); ++i)
+    differ += Eigen::numext::bit_cast<std::uint16_t>(q16[i]) !=
+              Eigen::numext::bit_cast<std::uint16_t>(posenc::detail::to_storage<Eigen::half>(qw[i]));
+  for (std::size_t i = 0; i < k16.size(); ++i)
+    differ += Eigen::numext::bit_cast<std::uint16_t>(k16[i]) !=
+              Eigen::numext::bit_cast<std::uint16_t>(posenc::detail::to_storage<Eigen::half>(kw[i]));
+  CHECK(differ == 0);
+}
