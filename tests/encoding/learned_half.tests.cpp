@@ -10,6 +10,7 @@
 
 #include "support/catch.hpp"
 #include "support/random.hpp"
+#include "support/strided_buffer.hpp"
 
 using posenc::index_t;
 using posenc::learned;
@@ -17,15 +18,8 @@ using posenc::position_span;
 
 namespace {
 
-template <class S>
-std::uint16_t bits(S x) {
-  return Eigen::numext::bit_cast<std::uint16_t>(x);
-}
-
-template <class S>
-float widen(S x) {
-  return posenc::detail::stored_value<float>(x);
-}
+using posenc_test::bits;
+using posenc_test::widen;
 
 /// The 16-bit value nearest to x (ties to the even encoding), by brute force over x's neighbours.
 template <class S>

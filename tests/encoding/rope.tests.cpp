@@ -13,6 +13,7 @@
 #include "support/catch.hpp"
 #include "support/random.hpp"
 #include "support/rope_reference.hpp"
+#include "support/strided_buffer.hpp"
 
 using posenc::index_t;
 using posenc::position_span;
@@ -23,20 +24,7 @@ using posenc::rope_scaling;
 
 namespace {
 
-/// A (batch, seq, heads, dim) view over a buffer with gaps between heads,
-/// tokens and batch entries, starting `offset` elements in (misaligned).
-template <class T>
-struct strided_buffer {
-  std::vector<T> buf;
-  posenc::view<T> v;
-  strided_buffer(index_t batch, index_t seq, index_t heads, index_t dim, index_t offset, std::uint64_t seed,
-                 index_t head_gap = 3, index_t seq_gap = 5, index_t batch_gap = 7) {
-    index_t const hs = dim + head_gap, ss = heads * hs + seq_gap, bs = seq * ss + batch_gap;
-    buf = posenc_test::random_vector<T>(static_cast<std::size_t>(offset + batch * bs + 1), seed);
-    v = {buf.data() + offset, batch, seq, heads, dim, bs, ss, hs, 1};
-  }
-  strided_buffer(strided_buffer const& o) : buf(o.buf), v(o.v) { v.data = buf.data() + (o.v.data - o.buf.data()); }
-};
+using posenc_test::strided_buffer;
 
 template <class T>
 bool same(std::vector<T> const& a, std::vector<T> const& b) {

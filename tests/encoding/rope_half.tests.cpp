@@ -30,6 +30,7 @@
 #include "support/catch.hpp"
 #include "support/random.hpp"
 #include "support/rope_reference.hpp"
+#include "support/strided_buffer.hpp"
 
 using posenc::index_t;
 using posenc::position_span;
@@ -40,41 +41,9 @@ using posenc::rope_scaling;
 
 namespace {
 
-/// A (batch, seq, heads, dim) view over a buffer with gaps between heads,
-/// tokens and batch entries, starting `offset` elements in (misaligned). The
-/// gaps hold values too: a rotation must leave them as they are.
-template <class S>
-struct strided_buffer {
-  std::vector<S> buf;
-  posenc::view<S> v;
-  strided_buffer(index_t batch, index_t seq, index_t heads, index_t dim, index_t offset, std::uint64_t seed,
-                 index_t head_gap = 3, index_t seq_gap = 5, index_t batch_gap = 7) {
-    index_t const hs = dim + head_gap, ss = heads * hs + seq_gap, bs = seq * ss + batch_gap;
-    std::vector<float> const f =
-        posenc_test::random_vector<float>(static_cast<std::size_t>(offset + batch * bs + 1), seed);
-    buf.resize(f.size());
-    for (std::size_t i = 0; i < f.size(); ++i) buf[i] = posenc::detail::to_storage<S>(f[i]);
-    v = {buf.data() + offset, batch, seq, heads, dim, bs, ss, hs, 1};
-  }
-  /// The same layout over another element type, with values converted by `conv`.
-  template <class U, class Conv>
-  strided_buffer(strided_buffer<U> const& o, Conv conv) : buf(o.buf.size()), v() {
-    for (std::size_t i = 0; i < buf.size(); ++i) buf[i] = conv(o.buf[i]);
-    v = {buf.data() + (o.v.data - o.buf.data()), o.v.batch, o.v.seq, o.v.heads, o.v.dim,
-         o.v.batch_stride, o.v.seq_stride, o.v.head_stride, 1};
-  }
-  strided_buffer(strided_buffer const& o) : buf(o.buf), v(o.v) { v.data = buf.data() + (o.v.data - o.buf.data()); }
-};
-
-template <class S>
-std::uint16_t bits(S x) {
-  return Eigen::numext::bit_cast<std::uint16_t>(x);
-}
-
-template <class S>
-float widen(S x) {
-  return posenc::detail::stored_value<float>(x);
-}
+using posenc_test::bits;
+using posenc_test::strided_buffer;
+using posenc_test::widen;
 
 /// Float copy of a 16-bit buffer (exact).
 template <class S>
