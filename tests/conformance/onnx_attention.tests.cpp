@@ -1,12 +1,14 @@
 // SPDX-License-Identifier: MIT
 // The 76 ONNX Attention backend cases (opsets 23 and 24) through every attention path.
 #include <posenc/attention/attention.hpp>
+#include <posenc/core/half.hpp>
 #include <posenc/encoding/none.hpp>
 
 #include <cmath>
 #include <limits>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "support/catch.hpp"
@@ -18,6 +20,8 @@ namespace {
 
 struct case_result {
   bool ran = false;
+  bool fp16 = false;      // a float16 case
+  bool native16 = false;  // run on Eigen::half tensors
   std::string skipped;  // why the case was not run on this path
   double max_error = 0;
   double tolerance = 0;
@@ -148,10 +152,41 @@ case_result run_case(posenc_test::onnx_case const& c) {
   auto kv = posenc::make_bhsd<const float>(k.data(), B, Hkv, T, D);
   auto vv = posenc::make_bhsd<const float>(v.data(), B, Hkv, T, Dv);
   std::vector<float> y(static_cast<std::size_t>(B * Hq * Sq * Dv), std::nanf(""));
-  auto yv = is3d ? posenc::make_bshd(y.data(), B, Sq, Hq, Dv) : posenc::make_bhsd(y.data(), B, Hq, Sq, Dv);
-  posenc::attention<Path>(qv, kv, vv, yv, posenc::none{}, opt);
-
   bool const fp16 = Qt.dtype == "float16";
+  res.fp16 = fp16;
+  // float16 cases run in 16 bits where the path takes 16-bit tensors: q, k, v
+  // and Y as Eigen::half (every input value is a float16 value, so the
+  // conversion below is exact), Y rounded once by the library.
+  // path::materialized takes float or double tensors only.
+  auto const run_float = [&] {
+    auto yv = is3d ? posenc::make_bshd(y.data(), B, Sq, Hq, Dv) : posenc::make_bhsd(y.data(), B, Hq, Sq, Dv);
+    posenc::attention<Path>(qv, kv, vv, yv, posenc::none{}, opt);
+  };
+  if constexpr (std::is_same_v<Path, posenc::path::materialized>) {
+    run_float();
+  } else if (fp16) {
+    auto const to16 = [](std::vector<float> const& x) {
+      std::vector<Eigen::half> r(x.size());
+      for (std::size_t t = 0; t < x.size(); ++t) {
+        r[t] = posenc::detail::to_storage<Eigen::half>(x[t]);
+        REQUIRE(posenc::detail::stored_value<float>(r[t]) == x[t]);
+      }
+      return r;
+    };
+    std::vector<Eigen::half> const q16 = to16(q), k16 = to16(k), v16 = to16(v);
+    std::vector<Eigen::half> y16(y.size(), posenc::detail::to_storage<Eigen::half>(-7.0f));
+    auto qv16 = is3d ? posenc::make_bshd<const Eigen::half>(q16.data(), B, Sq, Hq, D)
+                     : posenc::make_bhsd<const Eigen::half>(q16.data(), B, Hq, Sq, D);
+    auto yv16 = is3d ? posenc::make_bshd(y16.data(), B, Sq, Hq, Dv) : posenc::make_bhsd(y16.data(), B, Hq, Sq, Dv);
+    posenc::attention<Path>(qv16, posenc::make_bhsd<const Eigen::half>(k16.data(), B, Hkv, T, D),
+                            posenc::make_bhsd<const Eigen::half>(v16.data(), B, Hkv, T, Dv), yv16, posenc::none{},
+                            opt);
+    for (std::size_t t = 0; t < y.size(); ++t) y[t] = posenc::detail::stored_value<float>(y16[t]);
+    res.native16 = true;
+  } else {
+    run_float();
+  }
+
   res.tolerance = fp16 ? 2e-3 : 1e-5;
   res.ran = true;
   auto compare = [&](char const* name, std::vector<float> const& got, posenc_test::onnx_tensor const& want) {
@@ -181,7 +216,7 @@ TEMPLATE_TEST_CASE("onnx conformance: every Attention case", "[conformance][onnx
   std::string const dir = posenc_test::onnx_dir_or_skip();
   auto const names = posenc_test::onnx_case_names(dir, "test_attention");
   REQUIRE(names.size() == 76);
-  int ran = 0;
+  int ran = 0, fp16 = 0, native16 = 0;
   for (auto const& name : names) {
     INFO("case " << name);
     auto const c = posenc_test::read_onnx_case(dir + "/" + name + ".txt");
@@ -189,8 +224,14 @@ TEMPLATE_TEST_CASE("onnx conformance: every Attention case", "[conformance][onnx
     auto const r = run_case<TestType>(c);
     if (!r.ran) continue;
     ++ran;
+    fp16 += r.fp16 ? 1 : 0;
+    native16 += r.native16 ? 1 : 0;
     INFO("largest error " << r.max_error << " in " << r.where << ", tolerance " << r.tolerance);
     CHECK(r.max_error <= r.tolerance);
   }
   if (posenc::detail::kernel<TestType>::provides_scores) CHECK(ran == 76);
+  // Every float16 case a path runs (four with the scores output, three
+  // without) runs natively in 16 bits on the paths that take 16-bit tensors.
+  CHECK(fp16 >= 3);
+  CHECK(native16 == (std::is_same_v<TestType, posenc::path::materialized> ? 0 : fp16));
 }
