@@ -24,6 +24,7 @@
 #include "support/catch.hpp"
 #include "support/counting_new.hpp"
 #include "support/random.hpp"
+#include "support/transformer_xl.hpp"
 
 // Allocation counter (tests/support/counting_new.hpp replaces operator new here).
 using posenc_test::g_allocations;
@@ -73,6 +74,10 @@ void for_each_encoder(F&& f) {
   f("t5 bidirectional", posenc::t5_bias<T>({Hq, true, 32, 128}, 6, 0.5));
   f("clipped", posenc::clipped_bias<T>(6, Hq, 7, 0.5));
   f("shaw keys+values", posenc::shaw<T>(4, D, posenc::shaw_terms::keys_and_values, 8, 0.5));
+  // Transformer-XL: the tokens before the queries are the segment memory; with
+  // M = 50 an entry attends to its last 50 memory keys only (the rest skipped).
+  f("transformer-xl", posenc_test::random_transformer_xl<T>(Hq, D, 6, 1024, 77));
+  f("transformer-xl memory 50", posenc_test::random_transformer_xl<T>(Hq, D, 6, 1024, 78, 50));
   f("rope + alibi", posenc::compose(posenc::rope<T>(posenc::rope_layout::half_split, D),
                                     posenc::alibi<T>(posenc::alibi_form::paper, Hq)));
 }
@@ -510,6 +515,10 @@ TEST_CASE("paged attention: a decode step allocates nothing once pages exist", "
     CHECK(decode_step_allocations(alibi, 5, threads, true) == 0);
     CHECK(decode_step_allocations(rope, 0, threads, false) == 0);
     CHECK(decode_step_allocations(rope, 7, threads, false) == 0);
+    // Transformer-XL: queries shifted by u in the workspace; a memory cut skips keys
+    CHECK(decode_step_allocations(posenc_test::random_transformer_xl<float>(Hq, D, 6, 2048, 5), 0, threads, true) == 0);
+    CHECK(decode_step_allocations(posenc_test::random_transformer_xl<float>(Hq, D, 6, 2048, 6, 100), 3, threads, true,
+                                  true) == 0);
     // every first position, whatever sequence each entry held before
     for (index_t first : {0, 1, 5, 1000}) {
       INFO("first position " << first << ", entries reordered");

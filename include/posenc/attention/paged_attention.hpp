@@ -89,21 +89,36 @@ view<const T> gather_sequence(paged_kv_cache<T> const& cache, index_t id, bool v
   return make_bshd(static_cast<T const*>(buf.data()), 1, L, H, d);
 }
 
-/// The chunks of every entry: its keys cut into pieces of at most `max_len`
-/// keys, each listing its runs of pages with consecutive ids; an entry without
-/// keys gets one empty chunk.
-template <class T>
-void plan_chunks(fused::paged_work<T>& w, paged_kv_cache<T> const& cache, span<const index_t> ids, index_t max_len) {
+/// The first key entry b attends to: 0, or, for an encoder with a segment
+/// memory of M > 0 keys (transformer_xl), the first of the last M keys before
+/// the entry's Sq queries (the memory cut of the contiguous call).
+template <class E>
+index_t paged_first_key(E const& enc, index_t keys, index_t sq) noexcept {
+  if constexpr (has_memory_length<E>::value) {
+    index_t const M = enc.memory_length(), memory = keys - sq;
+    return M > 0 && memory > M ? memory - M : 0;
+  } else {
+    (void)enc, (void)keys, (void)sq;
+    return 0;
+  }
+}
+
+/// The chunks of every entry: its keys from `first_key(b)` on cut into pieces
+/// of at most `max_len` keys, each listing its runs of pages with consecutive
+/// ids; an entry without keys gets one empty chunk.
+template <class T, class F>
+void plan_chunks(fused::paged_work<T>& w, paged_kv_cache<T> const& cache, span<const index_t> ids, index_t max_len,
+                 F const& first_key) {
   index_t const P = cache.page_tokens();
   w.chunks.clear();
   w.runs.clear();
   fit_vector(w.first_chunk, ids.size() + 1);
   for (index_t b = 0; b < ids.size(); ++b) {
     w.first_chunk[static_cast<std::size_t>(b)] = static_cast<index_t>(w.chunks.size());
-    index_t const L = cache.length(ids[b]);
+    index_t const L = cache.length(ids[b]), start = first_key(b);
     span<const index_t> const table = cache.page_table(ids[b]);
     index_t const runs0 = static_cast<index_t>(w.runs.size());
-    index_t t = 0;
+    index_t t = start;
     while (t < L) {  // the run of consecutive pages starting at token t
       index_t end_pg = t / P + 1;
       while (end_pg * P < L && table[end_pg] == table[end_pg - 1] + 1) ++end_pg;
@@ -112,13 +127,13 @@ void plan_chunks(fused::paged_work<T>& w, paged_kv_cache<T> const& cache, span<c
                         cache.page_values(page, 1).ptr(0, t % P, 0)});
       t = w.runs.back().j1;
     }
-    if (L == 0) {
+    if (start >= L) {
       w.chunks.push_back({b, 0, 0, runs0, runs0});
       continue;
     }
     // Chunks of at most max_len keys, cutting a run where a chunk ends.
     index_t ri = runs0;
-    for (index_t j0 = 0; j0 < L; j0 += max_len) {
+    for (index_t j0 = start; j0 < L; j0 += max_len) {
       index_t const j1 = std::min(L, j0 + max_len);
       while (w.runs[static_cast<std::size_t>(ri)].j1 <= j0) ++ri;
       index_t r_end = ri;
@@ -205,8 +220,12 @@ void fill_paged_plan(attention_plan<T>& p, view<const T> q, paged_kv_cache<T> co
 ///   shorter one masks the keys past it). `opt.lse` is (entries, Hq, Sq).
 /// - `opt.scores` must be null (no path produces scores here).
 /// - The encoder acts as it did on append (it rotates exactly when the cached
-///   keys are rotated; its head_dim() if any is the cache's). Encoders with a
-///   segment memory or a content bias (transformer_xl) are not supported.
+///   keys are rotated; its head_dim() if any is the cache's).
+/// - transformer_xl: the sequence's tokens before the Sq queries are the
+///   segment memory; with memory_length() = M > 0 an entry attends to its last
+///   M memory keys and its Sq current keys (the keys before are skipped, not
+///   copied), and every query is shifted by the content bias u, as in the
+///   contiguous call.
 ///
 /// path::fused and path::best read the pages in place: the keys of an entry
 /// are one chunk (cut into several to keep the threads busy) that walks its
@@ -232,9 +251,6 @@ void attention(view<const detail::identity_t<T>> q, paged_kv_cache<T> const& cac
                 "posenc::attention: this encoder adds to embeddings, which the attention kernel cannot reach");
   static_assert(detail::encoder_contract_problem<E, T>() == detail::contract_problem::none,
                 "posenc::attention: the encoder does not meet the encoder contract for T (see encoding/traits.hpp)");
-  static_assert(!detail::has_memory_length<E>::value && !detail::has_content_bias<E, T>::value,
-                "posenc::attention: encoders with a segment memory or a content bias are not supported over a "
-                "paged_kv_cache");
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "posenc::attention: T must be float or double");
   char const* w = "posenc::attention";
   constexpr bool rotates = encoder_traits<E>::rotates_queries_keys;
@@ -307,6 +323,20 @@ void attention(view<const detail::identity_t<T>> q, paged_kv_cache<T> const& cac
     // rotation is reserved for every entry's length, else in a copy. The
     // cached keys are rotated already.
     view<const T> qk = q;
+    if constexpr (detail::has_content_bias<E, T>::value) {
+      // Transformer-XL's u: the kernel sees q + u (content and position terms).
+      detail::fused::paged_work<T>::fit(work.qrot, detail::checked_mul(w, sq_n, q.heads * q.dim, "q elements"));
+      view<T> const qs = make_bshd(work.qrot.data(), n, Sq, q.heads, q.dim);
+      for (index_t b = 0; b < n; ++b)
+        for (index_t i = 0; i < Sq; ++i)
+          for (index_t h = 0; h < q.heads; ++h) {
+            T const* x = q.ptr(b, i, h);
+            T const* u = enc.content_bias(h);
+            T* y = qs.ptr(b, i, h);
+            for (index_t d = 0; d < q.dim; ++d) y[d] = x[d] + u[d];
+          }
+      qk = qs;
+    }
     detail::rotation_ids const* rots = nullptr;
     if constexpr (rotates) {
       if (stored_rotated && q.dim > 0) {
@@ -350,14 +380,15 @@ void attention(view<const detail::identity_t<T>> q, paged_kv_cache<T> const& cac
                                                                   work.q_ids.data(), Sq, q.heads, stored_rotated);
       detail::fill_paged_plan(work.plans[static_cast<std::size_t>(b)], detail::entry_of(q, b), cache, id, ob,
                               encoder_traits<E>::is_relative);
-      total += cache.length(id);
+      total += cache.length(id) - detail::paged_first_key(enc, cache.length(id), Sq);
     }
+    auto const first_key = [&](index_t b) { return detail::paged_first_key(enc, cache.length(seq_ids[b]), Sq); };
     using Tr = detail::fused_default_traits<T>;
     // Prefill (rows enough for lanes, no relative key or value terms): the lane
     // kernel over one chunk per entry, parallel over (entry, kv head, query blocks).
     if (!encoder_traits<E>::relative_key_value &&
         Sq * work.plans[0].group >= Tr::lane_kernel_min_rows_v) {
-      detail::plan_chunks(work, cache, seq_ids, position_limit);
+      detail::plan_chunks(work, cache, seq_ids, position_limit, first_key);
       detail::fused::run_paged_lanes(work, n, qk, out, enc, rots, pool_k.seq_stride, pool_v.seq_stride, opt.threads);
       return;
     }
@@ -368,7 +399,7 @@ void attention(view<const detail::identity_t<T>> q, paged_kv_cache<T> const& cac
       index_t const target = (total + 2 * threads - 1) / (2 * threads);
       max_len = std::max<index_t>(Tr::block_kv_v, (target + Tr::block_kv_v - 1) / Tr::block_kv_v * Tr::block_kv_v);
     }
-    detail::plan_chunks(work, cache, seq_ids, max_len);
+    detail::plan_chunks(work, cache, seq_ids, max_len, first_key);
     detail::fused::run_paged(work, n, qk, out, enc, rots, pool_k.seq_stride, pool_v.seq_stride, opt.threads);
   }
 }
