@@ -142,6 +142,7 @@ void paged_row_tile(attention_plan<T> const& p, paged_tile_rows<T> const& tr, in
 /// block_kv_v keys laid over the whole chunk, each gathered across its page
 /// runs (so the softmax update runs once per tile whatever the page size),
 /// all units of a tile together so that the pages are read as one front.
+/// A chunk that is one run of pages takes the contiguous tile step instead.
 /// Every key keeps its global index in the entry, so positions, masks and
 /// windows see it where it sits. `Guard` as in row_tile.
 template <class Tr, bool Guard, class T, class E, class StateOf>
@@ -160,6 +161,22 @@ void paged_item(attention_plan<T> const& p, view<const T> q, paged_run<T> const*
       first = std::min(first, r.first);
       last = std::max(last, r.last);
     }
+  }
+  if (ch.r1 - ch.r0 == 1) {
+    // One run of pages with consecutive ids: a strided view, walked by the
+    // contiguous decode's own tile step (no row lists to gather).
+    paged_run<T> const& run = runs[ch.r0];
+    view<const T> const k = chunk_view(run.k, run.j0, run.j1, p.kv_heads, p.head_dim, kstride);
+    view<const T> const v = chunk_view(run.v, run.j0, run.j1, p.kv_heads, p.value_dim, vstride);
+    for (index_t t0 = first; t0 < last; t0 += bk_v) {
+      index_t const nk = std::min(bk_v, last - t0);
+      for (index_t u = u0; u < u1; ++u) {
+        row_rows<Tr> const& r = rr[u - u0];
+        index_t const a = std::max(t0, r.first), e = std::min(t0 + nk, r.last);
+        if (a < e) row_tile<Tr, Guard>(p, k, v, enc, 0, u / groups, r, a, e - a, rot, sc, states(u));
+      }
+    }
+    return;
   }
   paged_tile_rows<T> tr;
   index_t ri = ch.r0;
