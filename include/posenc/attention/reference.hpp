@@ -24,12 +24,25 @@ T const* query_row(Q const* q, index_t D, T* buf) noexcept {
   }
 }
 
+/// An output element from its accumulated value: a 16-bit O with a double
+/// Acc is rounded once to nearest even from the double value (not through
+/// float, which would round twice); otherwise as T, then to_output.
+template <class O, class T, class Acc>
+O accumulated_output(Acc x) noexcept {
+  if constexpr (is_half_storage_v<O> && std::is_same_v<Acc, double>) {
+    return round_double_to_storage<O>(x);
+  } else {
+    return to_output<O>(static_cast<T>(x));
+  }
+}
+
 /// Scalar attention following docs/formulas.md 5.1 step by step. Dot products,
 /// softmax and the weighted sum of values accumulate in `Acc` (double for
 /// path::reference; float gives the "plain float implementation" the tests
 /// use to set their tolerance). Encoder hooks work in T. K and V are stored
 /// as KV, q as Q and out as O: T, or a 16-bit type; a 16-bit element is
-/// widened (exactly) as it is read, a 16-bit output rounded from T once.
+/// widened (exactly) as it is read, a 16-bit output rounded once from
+/// the Acc value.
 template <class Acc, class T, class Q, class KV, class O, class E>
 void reference_attention(attention_plan<T> const& p, view<const Q> q, view<const KV> k,
                          view<const KV> v, view<O> out, E const& enc) {
@@ -119,7 +132,7 @@ void reference_attention(attention_plan<T> const& p, view<const Q> q, view<const
         encoder_values(p, enc, prob, b, i, 0, Sk, extra);
         for (index_t d = 0; d < Dv; ++d) acc[d] += static_cast<Acc>(extra[d]);
       }
-      for (index_t d = 0; d < Dv; ++d) oi[d] = to_output<O>(static_cast<T>(acc[d]));
+      for (index_t d = 0; d < Dv; ++d) oi[d] = accumulated_output<O, T>(acc[d]);
       p.set_lse(b, h, i, static_cast<T>(m + std::log(sum)));
       capture(i, score_stage::probabilities);
     }

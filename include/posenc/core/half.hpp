@@ -2,6 +2,7 @@
 // 16-bit storage element types (Eigen::half, Eigen::bfloat16): their format and one-element conversions.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <type_traits>
 
@@ -50,6 +51,27 @@ inline S to_storage(float x) noexcept {
   } else {
     return static_cast<S>(x);
   }
+}
+
+/// A double `x` rounded once to nearest even into the 16-bit type S. Through
+/// float with round-to-odd: an inexact float conversion keeps an odd last bit,
+/// and float has 24 significand bits >= 11 + 2 (binary16) and >= 8 + 2
+/// (bfloat16), so the second rounding sees the sticky bit and never rounds a
+/// second time (Boldo and Melquiond, "Emulation of FMA and correctly rounded
+/// sums: proved algorithms using rounding to odd", 2008).
+template <class S>
+inline S round_double_to_storage(double x) noexcept {
+  static_assert(is_half_storage_v<S>, "posenc::detail::round_double_to_storage: S is a 16-bit type");
+  float f = static_cast<float>(x);
+  if (std::isfinite(x) && std::isfinite(f) && static_cast<double>(f) != x) {
+    auto u = Eigen::numext::bit_cast<std::uint32_t>(f);
+    if ((u & 1u) == 0) {  // inexact and even: step to the odd neighbour on x's side
+      bool const away = std::abs(x) > std::abs(static_cast<double>(f));
+      u = away ? u + 1 : u - 1;
+      f = Eigen::numext::bit_cast<float>(u);
+    }
+  }
+  return to_storage<S>(f);
 }
 
 /// A computed value x of T as stored in D: x itself when D is T, else

@@ -62,23 +62,6 @@ inline void add_scaled_row_widened(float* x, S const* row, index_t d, float scal
   }
 }
 
-/// `x` rounded once to nearest even into the 16-bit type S. Through float
-/// with round-to-odd (24 significand bits >= 11 + 2), so no double rounding.
-template <class S>
-inline S round_double_to_storage(double x) noexcept {
-  float f = static_cast<float>(x);
-  if (std::isfinite(x) && std::isfinite(f) && static_cast<double>(f) != x) {
-    std::uint32_t u = 0;
-    std::memcpy(&u, &f, sizeof u);
-    if ((u & 1u) == 0) {  // inexact and even: step to the odd neighbour on x's side
-      bool const away = std::abs(x) > std::abs(static_cast<double>(f));
-      u = away ? u + 1 : u - 1;
-      std::memcpy(&f, &u, sizeof u);
-    }
-  }
-  return to_storage<S>(f);
-}
-
 }  // namespace detail
 
 /// A learned absolute position table. The table is either owned (copied from
