@@ -38,7 +38,7 @@ struct dependent_path {
 
 template <class Path, bool AllowAdditive, class T, class Q, class KV, class O, class E>
 void run_attention(view<const Q> q, view<const KV> k, view<const KV> v, view<O> out, E const& enc,
-                   attention_options<T> const& opt);
+                   attention_options<T> const& opt, half_masks const& masks16 = {});
 
 /// Keys and values of a call without their first `cut` rows, with options that
 /// keep every remaining key and query at its distance: key lengths, masks and
@@ -129,9 +129,10 @@ view<const S> rotated_half_copy(view<const S> x, std::vector<S>& buf, E const& e
 /// or a 16-bit type with float T (path::fused and path::reference; path::best
 /// runs the fused path). A 16-bit q reaches the kernel as it is, or, when the
 /// entry point rotates or shifts it, as a float copy that is never rounded.
+/// `masks16`: additive masks stored in 16 bits, beside opt's float mask.
 template <class Path, bool AllowAdditive, class T, class Q, class KV, class O, class E>
 void run_attention(view<const Q> q, view<const KV> k, view<const KV> v, view<O> out, E const& enc,
-                   attention_options<T> const& opt) {
+                   attention_options<T> const& opt, half_masks const& masks16) {
   constexpr bool half_io = !std::is_same_v<KV, T> || !std::is_same_v<Q, T> || !std::is_same_v<O, T>;
   using traits = encoder_traits<E>;
   if constexpr (has_memory_length<E>::value) {
@@ -139,11 +140,15 @@ void run_attention(view<const Q> q, view<const KV> k, view<const KV> v, view<O> 
     index_t const M = enc.memory_length();
     if (M > 0 && k.seq - q.seq > M) {
       validate(q, k, v, out, enc, opt);  // the call as given, before anything is read past it
+      check_half_masks("posenc::attention", masks16, q, k, out, opt);
       require(opt.scores == nullptr, "posenc::attention", "scores is set with a memory of ", k.seq - q.seq,
               " keys, expected null (the encoder's memory_length() is ", M,
               ": the memory is cut, so no scores column belongs to the first ", k.seq - q.seq - M, " keys)");
       memory_cut<T, KV> const c(q, k, v, opt, k.seq - q.seq - M);
-      run_attention<Path, AllowAdditive>(q, c.k, c.v, out, enc, c.opt);
+      half_masks m = masks16;
+      memory_cut<T, KV>::cut_mask(m.half, k.seq - q.seq - M);
+      memory_cut<T, KV>::cut_mask(m.bfloat16, k.seq - q.seq - M);
+      run_attention<Path, AllowAdditive>(q, c.k, c.v, out, enc, c.opt, m);
       return;
     }
   }
@@ -157,19 +162,21 @@ void run_attention(view<const Q> q, view<const KV> k, view<const KV> v, view<O> 
                 "posenc::attention: path::materialized takes q, k, v and out of one float or double type; "
                 "16-bit tensors run on path::fused (or path::best) and path::reference");
   if constexpr (half_io && std::is_same_v<Path, path::best>) {
-    run_attention<path::fused, AllowAdditive>(q, k, v, out, enc, opt);
+    run_attention<path::fused, AllowAdditive>(q, k, v, out, enc, opt, masks16);
   } else if constexpr (std::is_same_v<Path, path::best>) {
     using fused_kernel = kernel<typename dependent_path<path::fused, E>::type>;
     if constexpr (fused_kernel::available) {
       if (opt.scores == nullptr) {
-        run_attention<path::fused, AllowAdditive>(q, k, v, out, enc, opt);
+        run_attention<path::fused, AllowAdditive>(q, k, v, out, enc, opt, masks16);
         return;
       }
     }
-    run_attention<path::materialized, AllowAdditive>(q, k, v, out, enc, opt);
+    run_attention<path::materialized, AllowAdditive>(q, k, v, out, enc, opt, masks16);
   } else {
     using K = kernel<typename dependent_path<Path, E>::type>;
     attention_plan<T> plan = make_plan(q, k, v, out, enc, opt);
+    check_half_masks("posenc::attention", masks16, q, k, out, opt);
+    set_half_masks(plan, masks16);
     if constexpr (!std::is_same_v<typename dependent_path<Path, E>::type, path::fused>) {
       require(opt.products == product_precision::float32, "posenc::attention", "products is bfloat16, expected ",
               "float32 on this path (bfloat16 products run on path::fused, and path::best without scores)");
@@ -218,6 +225,15 @@ void run_attention(view<const Q> q, view<const KV> k, view<const KV> v, view<O> 
 
 namespace detail {
 
+template <class E, class = void>
+struct encoder_value_type {
+  using type = void;
+};
+template <class E>
+struct encoder_value_type<E, std::void_t<typename E::value_type>> {
+  using type = typename E::value_type;
+};
+
 /// The compile-time checks of an encoder passed to posenc::attention with
 /// views of element type T (a sentence for each problem); true when the call
 /// can run.
@@ -235,7 +251,14 @@ constexpr bool attention_encoder_ok() {
     // The encoder contract (encoding/traits.hpp): at most one of these fires.
     using detail::contract_problem;
     constexpr contract_problem problem = detail::encoder_contract_problem<E, T>();
-    static_assert(problem != contract_problem::value_type,
+    // A 16-bit table computes in float (its compute_type): float or 16-bit tensors only.
+    constexpr bool half_table_off_float =
+        is_half_storage_v<typename encoder_value_type<E>::type> && !std::is_same_v<T, float>;
+    static_assert(!half_table_off_float,
+                  "posenc::attention: an encoder with a 16-bit table (Eigen::half, Eigen::bfloat16) computes in "
+                  "float; give it float or 16-bit q, k, v and out, or build the encoder with double for double "
+                  "tensors");
+    static_assert(problem != contract_problem::value_type || half_table_off_float,
                   "posenc::attention: the encoder's value_type is not the element type of q, k, v and out; "
                   "build the encoder with the views' element type (e.g. rope<float> for float views)");
     static_assert(problem != contract_problem::max_positions,
@@ -287,16 +310,19 @@ void attention(view<const detail::identity_t<T>> q, view<const detail::identity_
   if constexpr (detail::attention_encoder_ok<T, E>()) detail::run_attention<Path, false>(q, k, v, out, enc, opt);
 }
 
-namespace detail {
-template <class E, class = void>
-struct encoder_value_type {
-  using type = void;
-};
-template <class E>
-struct encoder_value_type<E, std::void_t<typename E::value_type>> {
-  using type = typename E::value_type;
-};
-}  // namespace detail
+/// The call above with an additive mask stored in 16 bits (`mask_view<M>`, M
+/// `Eigen::half` or `Eigen::bfloat16`), added beside opt.mask and
+/// opt.bool_mask with the same shape rules (broadcast over batch, heads and
+/// q; a short key extent masks the keys past it): each element is widened
+/// exactly as it is read, so the result is that of a float mask holding the
+/// widened values, bit for bit; -inf drops a key, 0 keeps it. Every path.
+template <class Path = path::best, class T, class E, class M, std::enable_if_t<is_half_storage_v<M>, int> = 0>
+void attention(view<const detail::identity_t<T>> q, view<const detail::identity_t<T>> k,
+               view<const detail::identity_t<T>> v, view<T> out, E const& enc,
+               attention_options<detail::identity_t<T>> const& opt, mask_view<M> const& mask16) {
+  if constexpr (detail::attention_encoder_ok<T, E>())
+    detail::run_attention<Path, false>(q, k, v, out, enc, opt, detail::half_masks_of(mask16));
+}
 
 /// Attention with 16-bit tensors, computed in float (path::reference: in
 /// double), with the semantics, options and checks of the float call above.
@@ -311,14 +337,17 @@ struct encoder_value_type<E, std::void_t<typename E::value_type>> {
 /// rounds its double result to float first). path::fused (and path::best)
 /// widens K and V rows in registers as it loads them (the lane kernel: each
 /// key tile once into float scratch); path::materialized is not available.
-/// Encoder tables stay float (rope<float>, t5_bias<float>, ...). Other mixes
-/// (double q or out, 16-bit q with float k, q and out of different types, a
-/// 16-bit encoder) are compile errors with a sentence.
+/// Encoders are float (rope<float>, t5_bias<float>, ...) or keep a 16-bit
+/// table and compute in float (t5_bias, clipped_bias and shaw of Eigen::half
+/// or Eigen::bfloat16: exactly the float encoder of the widened table). Other
+/// mixes (double q or out, 16-bit q with float k, q and out of different
+/// types, a 16-bit table with double tensors) are compile errors with a sentence.
 template <class Path = path::best, class T, class Q, class K, class V, class E,
           std::enable_if_t<is_half_storage_v<Q> || is_half_storage_v<K> || is_half_storage_v<V> ||
                                is_half_storage_v<T>,
                            int> = 0>
-void attention(view<Q> q, view<K> k, view<V> v, view<T> out, E const& enc, attention_options<float> const& opt = {}) {
+void attention(view<Q> q, view<K> k, view<V> v, view<T> out, E const& enc, attention_options<float> const& opt = {},
+               detail::half_masks const& masks16 = {}) {
   using S = std::remove_const_t<K>;
   using QS = std::remove_const_t<Q>;
   static_assert(std::is_same_v<S, std::remove_const_t<V>>,
@@ -334,14 +363,24 @@ void attention(view<Q> q, view<K> k, view<V> v, view<T> out, E const& enc, atten
                 "posenc::attention: q and out are float or the 16-bit type of k and v (all-16-bit tensors); "
                 "16-bit q with float or double k and v, or with k and v of the other 16-bit type, is not "
                 "supported");
-  static_assert(!is_half_storage_v<typename detail::encoder_value_type<E>::type>,
-                "posenc::attention: encoder tables are float for now; build the encoder with float "
-                "(e.g. rope<float>, t5_bias<float>) for 16-bit tensors");
   if constexpr (std::is_same_v<S, std::remove_const_t<V>> && std::is_same_v<QS, T> &&
                 (std::is_same_v<QS, float> || std::is_same_v<QS, S>) && is_half_storage_v<S>) {
     if constexpr (detail::attention_encoder_ok<float, E>())
-      detail::run_attention<Path, false>(view<const QS>(q), view<const S>(k), view<const S>(v), out, enc, opt);
+      detail::run_attention<Path, false>(view<const QS>(q), view<const S>(k), view<const S>(v), out, enc, opt,
+                                         masks16);
   }
+}
+
+/// The 16-bit call above with an additive mask stored in 16 bits
+/// (`mask_view<M>`, M `Eigen::half` or `Eigen::bfloat16`; either with either
+/// tensor type): widened exactly as read, as for float tensors.
+template <class Path = path::best, class T, class Q, class K, class V, class E, class M,
+          std::enable_if_t<(is_half_storage_v<Q> || is_half_storage_v<K> || is_half_storage_v<V> ||
+                            is_half_storage_v<T>) && is_half_storage_v<M>,
+                           int> = 0>
+void attention(view<Q> q, view<K> k, view<V> v, view<T> out, E const& enc, attention_options<float> const& opt,
+               mask_view<M> const& mask16) {
+  attention<Path>(q, k, v, out, enc, opt, detail::half_masks_of(mask16));
 }
 
 namespace detail {

@@ -47,7 +47,9 @@ enum class product_precision {
 /// A mask over (batch, head, q, k), broadcast along any dim given size 1
 /// (stride ignored there). The key dim is contiguous. A key extent shorter
 /// than the number of keys masks the keys past it (ONNX opset 24).
-/// `T` is the float type (additive: 0 keeps, -inf drops) or `bool` (true = attend).
+/// `T` is the float type (additive: 0 keeps, -inf drops) or `bool` (true = attend);
+/// an additive mask stored in 16 bits (`Eigen::half`, `Eigen::bfloat16`) is
+/// given to posenc::attention beside the options (see attention.hpp).
 template <class T>
 struct mask_view {
   T const* data = nullptr;

@@ -114,13 +114,17 @@ struct attention_plan {
   std::vector<index_t> k_valid;                // (batch): key_length
   mask_view<T> mask;                           // additive, may be empty
   mask_view<bool> bool_mask;                   // true = attend, may be empty
+  mask_view<Eigen::half> half_mask;            // additive in 16 bits, may be empty
+  mask_view<Eigen::bfloat16> bfloat16_mask;    // additive in 16 bits, may be empty
   T* lse = nullptr;                            // (batch, Hq, Sq) or null
   T* scores = nullptr;                         // (batch, Hq, Sq, Sk) or null
   score_stage stage = score_stage::probabilities;
   int threads = 0;
   product_precision products = product_precision::float32;  // of q.k and p v (fused lane kernel)
 
-  bool has_masks() const noexcept { return !mask.empty() || !bool_mask.empty(); }
+  bool has_masks() const noexcept {
+    return !mask.empty() || !bool_mask.empty() || !half_mask.empty() || !bfloat16_mask.empty();
+  }
   bool restricts() const noexcept { return causal || window > 0; }
   index_t kv_head(index_t h) const noexcept { return h / group; }
   index_t q_position(index_t b, index_t i) const noexcept { return q_pos[static_cast<std::size_t>(b * q_len + i)]; }
@@ -175,8 +179,24 @@ struct attention_plan {
   }
 };
 
+/// Adds a 16-bit additive mask to a score row of apply_masks: as the float
+/// mask, each element widened (exactly) once as it is read; -inf or a key past
+/// the mask's key extent gives -inf.
+template <class M, class S>
+void add_half_mask(mask_view<M> const& mask, index_t b, index_t h, index_t i, index_t j0, index_t n,
+                   S* row) noexcept {
+  S const ninf = -std::numeric_limits<S>::infinity();
+  M const* m = mask.row(b, h, i);
+  index_t const mk = mask.k;
+  for (index_t t = 0; t < n; ++t) {
+    index_t const j = j0 + t;
+    S const x = j < mk ? stored_value<S>(m[j]) : ninf;
+    row[t] = x != ninf ? row[t] + x : ninf;
+  }
+}
+
 /// Turns invisible and masked keys of a score row into -inf and adds the
-/// additive mask. `row[n]` holds the scores of keys j0 .. j0 + n - 1 of query
+/// additive mask (float, or 16-bit). `row[n]` holds the scores of keys j0 .. j0 + n - 1 of query
 /// row i, head h, batch entry b. S is float or double.
 template <class T, class S>
 void apply_masks(attention_plan<T> const& plan, index_t b, index_t h, index_t i, index_t j0,
@@ -209,6 +229,8 @@ void apply_masks(attention_plan<T> const& plan, index_t b, index_t h, index_t i,
       if (j >= mk || !m[j]) row[t] = ninf;
     }
   }
+  if (!plan.half_mask.empty()) add_half_mask(plan.half_mask, b, h, i, j0, n, row);
+  if (!plan.bfloat16_mask.empty()) add_half_mask(plan.bfloat16_mask, b, h, i, j0, n, row);
 }
 
 /// Calls f(k_pos_first, t0, count) for each run of consecutive key positions
@@ -326,6 +348,54 @@ void check_mask(char const* where, char const* name, mask_view<M> const& m, inde
                     checked_span_of(where, m.q, m.q_stride, "(", name, ".q - 1) x |", name, ".q_stride|"),
                     "the largest offset of ", name, " (batch, head and q terms)");
   checked_add(where, off, m.k > 0 ? m.k - 1 : 0, "the largest offset of ", name);
+}
+
+/// The additive masks stored in 16 bits of one attention call (each may be
+/// empty), given beside the options (see posenc::attention).
+struct half_masks {
+  mask_view<Eigen::half> half;
+  mask_view<Eigen::bfloat16> bfloat16;
+  bool empty() const noexcept { return half.empty() && bfloat16.empty(); }
+};
+
+/// A 16-bit mask as half_masks.
+inline half_masks half_masks_of(mask_view<Eigen::half> m) noexcept { return {m, {}}; }
+inline half_masks half_masks_of(mask_view<Eigen::bfloat16> m) noexcept { return {{}, m}; }
+
+/// Checks the 16-bit masks of a call as validate() checks the float mask
+/// (shape, extents, element count) and that no output (out, lse, scores)
+/// shares a byte with them; throws before anything is written.
+template <class T, class Q, class KV, class O>
+void check_half_masks(char const* w, half_masks const& m, view<const Q> q, view<const KV> k, view<O> out,
+                      attention_options<T> const& opt) {
+  if (m.empty()) return;
+  check_mask(w, "mask (16-bit)", m.half, q.batch, q.heads, q.seq, k.seq);
+  check_mask(w, "mask (16-bit)", m.bfloat16, q.batch, q.heads, q.seq, k.seq);
+  auto const bytes = [](auto const& mv) {
+    index_t const ext[3] = {mv.batch, mv.heads, mv.q}, str[3] = {mv.batch_stride, mv.head_stride, mv.q_stride};
+    return make_byte_set(mv.data, std::size_t{2}, 3, ext, str, mv.k);
+  };
+  byte_set const in = m.half.empty() ? bytes(m.bfloat16) : bytes(m.half);
+  index_t const rows = q.batch * q.heads * q.seq;  // fits: validated
+  byte_set const outs[3] = {bytes_of(out), bytes_of(static_cast<T const*>(opt.lse), rows),
+                            opt.scores ? bytes_of(static_cast<T const*>(opt.scores), rows * k.seq) : byte_set{}};
+  char const* const names[3] = {"out", "lse", "scores"};
+  for (int o = 0; o < 3; ++o)
+    if (overlaps(outs[o], in))
+      fail(w, names[o], " is at bytes ", byte_range(outs[o]), " and overlaps mask (16-bit) at ", byte_range(in),
+           ", expected no shared memory");
+}
+
+/// Sets the 16-bit masks of a validated call into its plan.
+template <class T>
+void set_half_masks(attention_plan<T>& p, half_masks const& m) noexcept {
+  p.half_mask = m.half;
+  p.bfloat16_mask = m.bfloat16;
+  // A null mask with extents has no element (validated): zero strides keep row() at null.
+  if (!p.half_mask.empty() && p.half_mask.data == nullptr)
+    p.half_mask.batch_stride = p.half_mask.head_stride = p.half_mask.q_stride = 0;
+  if (!p.bfloat16_mask.empty() && p.bfloat16_mask.data == nullptr)
+    p.bfloat16_mask.batch_stride = p.bfloat16_mask.head_stride = p.bfloat16_mask.q_stride = 0;
 }
 
 /// Throws unless every query-key pair that can be visible (not padding; with

@@ -12,6 +12,7 @@
 #include "posenc/core/checked.hpp"
 #include "posenc/core/eigen.hpp"
 #include "posenc/core/error.hpp"
+#include "posenc/core/half.hpp"
 #include "posenc/core/positions.hpp"
 #include "posenc/core/simd.hpp"
 #include "posenc/core/span.hpp"
@@ -56,44 +57,60 @@ inline void add_constant(T* out, index_t n, T v) noexcept {
   for (index_t t = 0; t < n % w; ++t) tail[t] += v;
 }
 
-/// out[0..n) += in[0..n).
-template <class T>
-inline void add_array(T* out, T const* in, index_t n) noexcept {
-  constexpr index_t w = simd::width<T>;
-  index_t const full = n / w;
-  for (index_t b = 0; b < full; ++b) simd::store(out + b * w, simd::load(out + b * w) + simd::load(in + b * w));
-  T* tail = out + full * w;
-  T const* in_tail = in + full * w;
-  for (index_t t = 0; t < n % w; ++t) tail[t] += in_tail[t];
+/// width<T> values from x as T: a plain load when S is T; a 16-bit S (with
+/// float T) widened exactly, so a table stored in 16 bits gives the float
+/// table's results bit for bit.
+template <class T, class S>
+inline auto load_as(S const* x) noexcept {
+  if constexpr (std::is_same_v<S, T>) {
+    return simd::load(x);
+  } else {
+    static_assert(std::is_same_v<T, float> && is_half_storage_v<S>,
+                  "posenc::detail::rel::load_as: S is T, or a 16-bit type with float T");
+    return simd::load_widen<half_format_of_v<S>>(half_bits(x));
+  }
 }
 
-/// out[0..n) += a * x[0..n).
-template <class T>
-inline void add_scaled(T* out, T a, T const* x, index_t n) noexcept {
+/// out[0..n) += in[0..n) (in stored as T, or in 16 bits with float T).
+template <class T, class S>
+inline void add_array(T* out, S const* in, index_t n) noexcept {
+  constexpr index_t w = simd::width<T>;
+  index_t const full = n / w;
+  for (index_t b = 0; b < full; ++b) simd::store(out + b * w, simd::load(out + b * w) + load_as<T>(in + b * w));
+  T* tail = out + full * w;
+  S const* in_tail = in + full * w;
+  for (index_t t = 0; t < n % w; ++t) tail[t] += stored_value<T>(in_tail[t]);
+}
+
+/// out[0..n) += a * x[0..n) (x stored as T, or in 16 bits with float T).
+template <class T, class S>
+inline void add_scaled(T* out, T a, S const* x, index_t n) noexcept {
   constexpr index_t w = simd::width<T>;
   auto const ab = simd::broadcast<T>(a);
   index_t const full = n / w;
   for (index_t b = 0; b < full; ++b)
-    simd::store(out + b * w, simd::fma(ab, simd::load(x + b * w), simd::load(out + b * w)));
+    simd::store(out + b * w, simd::fma(ab, load_as<T>(x + b * w), simd::load(out + b * w)));
   T* tail = out + full * w;
-  T const* x_tail = x + full * w;
-  for (index_t t = 0; t < n % w; ++t) tail[t] += a * x_tail[t];
+  S const* x_tail = x + full * w;
+  for (index_t t = 0; t < n % w; ++t) tail[t] = std::fma(a, stored_value<T>(x_tail[t]), tail[t]);  // as dot
 }
 
-/// sum_i a[i] * b[i].
-template <class T>
-inline T dot(T const* a, T const* b, index_t n) noexcept {
+/// sum_i a[i] * b[i] (b stored as T, or in 16 bits with float T).
+template <class T, class S>
+inline T dot(T const* a, S const* b, index_t n) noexcept {
   constexpr index_t w = simd::width<T>;
   index_t const full = n / w;
   T s = T(0);
   if (full > 0) {
     auto acc = simd::broadcast<T>(T(0));
-    for (index_t k = 0; k < full; ++k) acc = simd::fma(simd::load(a + k * w), simd::load(b + k * w), acc);
+    for (index_t k = 0; k < full; ++k) acc = simd::fma(simd::load(a + k * w), load_as<T>(b + k * w), acc);
     s = simd::reduce_add(acc);
   }
   T const* a_tail = a + full * w;
-  T const* b_tail = b + full * w;
-  for (index_t t = 0; t < n % w; ++t) s += a_tail[t] * b_tail[t];
+  S const* b_tail = b + full * w;
+  // std::fma, as the batches: a contraction left to the compiler may differ
+  // between the instantiations for T and for a 16-bit S (they must agree bit for bit).
+  for (index_t t = 0; t < n % w; ++t) s = std::fma(a_tail[t], stored_value<T>(b_tail[t]), s);
   return s;
 }
 
@@ -150,22 +167,33 @@ void check_table_shape(char const* where, char const* name, Eigen::Ref<const rel
               ", expected a finite number");
 }
 
+/// One table entry of U stored as T: itself when U is T, else a float rounded
+/// once to nearest even into the 16-bit T.
+template <class T, class U>
+inline T table_entry(U x) noexcept {
+  if constexpr (std::is_same_v<T, U>)
+    return x;
+  else
+    return to_storage<T>(x);
+}
+
 /// Column-major copy of a (rows x cols) table: out[c * rows + r] = t(r, c), so
-/// that one head's values over the relative positions are contiguous.
-template <class T>
-std::vector<T> transpose_table(Eigen::Ref<const relative_table<T>> const& t) {
+/// that one head's values over the relative positions are contiguous. A float
+/// table U copied into a 16-bit T is rounded once per entry.
+template <class T, class U = T>
+std::vector<T> transpose_table(Eigen::Ref<const relative_table<U>> const& t) {
   std::vector<T> out(static_cast<std::size_t>(t.rows() * t.cols()));
   for (index_t r = 0; r < t.rows(); ++r)
-    for (index_t c = 0; c < t.cols(); ++c) out[static_cast<std::size_t>(c * t.rows() + r)] = t(r, c);
+    for (index_t c = 0; c < t.cols(); ++c) out[static_cast<std::size_t>(c * t.rows() + r)] = table_entry<T>(t(r, c));
   return out;
 }
 
-/// Row-major copy of a table.
-template <class T>
-std::vector<T> copy_table(Eigen::Ref<const relative_table<T>> const& t) {
+/// Row-major copy of a table (a float U into a 16-bit T: rounded once per entry).
+template <class T, class U = T>
+std::vector<T> copy_table(Eigen::Ref<const relative_table<U>> const& t) {
   std::vector<T> out(static_cast<std::size_t>(t.rows() * t.cols()));
   for (index_t r = 0; r < t.rows(); ++r)
-    for (index_t c = 0; c < t.cols(); ++c) out[static_cast<std::size_t>(r * t.cols() + c)] = t(r, c);
+    for (index_t c = 0; c < t.cols(); ++c) out[static_cast<std::size_t>(r * t.cols() + c)] = table_entry<T>(t(r, c));
   return out;
 }
 

@@ -9,6 +9,7 @@
 
 #include "posenc/core/checked.hpp"
 #include "posenc/core/error.hpp"
+#include "posenc/core/half.hpp"
 #include "posenc/core/span.hpp"
 #include "posenc/encoding/bias_kernels.hpp"
 #include "posenc/encoding/traits.hpp"
@@ -25,15 +26,26 @@ namespace posenc {
 /// bias_row splits a row of keys into three runs: keys at distance <= -K (one
 /// value), the |distance| < K window (a contiguous slice of the head's table
 /// column), keys at distance >= K (one value).
-/// @tparam T float or double.
+///
+/// 16-bit tables. clipped_bias<Eigen::half> and clipped_bias<Eigen::bfloat16>
+/// store the table in 16 bits and compute in float (`compute_type`): entries
+/// are widened exactly as read (the window slice in SIMD loads), so every
+/// result is exactly that of a clipped_bias<float> holding the widened table.
+/// `rounded_from` rounds a float encoder's table once per entry, to nearest
+/// even; the seeded constructor rounds the float encoder's draws the same way.
+/// @tparam T float, double, Eigen::half or Eigen::bfloat16 (the table's element type).
 template <class T = float>
 class clipped_bias {
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
-                "posenc::clipped_bias: T must be float or double");
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double> || is_half_storage_v<T>,
+                "posenc::clipped_bias: T must be float, double, Eigen::half or Eigen::bfloat16");
 
  public:
   using value_type = T;
+  /// The type of bias rows, values and gradients: T, or float for a 16-bit table.
+  using compute_type = std::conditional_t<is_half_storage_v<T>, float, T>;
   using table_type = relative_table<T>;
+  /// The gradient of the table (compute_type).
+  using gradient_table = relative_table<compute_type>;
 
   /// Clip distance `max_distance` (K >= 0) and a learned (2K + 1, heads) table.
   clipped_bias(index_t max_distance, index_t heads, Eigen::Ref<const table_type> const& table)
@@ -49,8 +61,19 @@ class clipped_bias {
   clipped_bias(index_t max_distance, index_t heads, std::uint64_t seed, double stddev = 0.02)
       : k_(max_distance), heads_(heads) {
     check_params("posenc::clipped_bias");
-    auto t = detail::rel::seeded_normal_table<T>("posenc::clipped_bias", 2 * k_ + 1, heads_, seed, stddev);
-    table_t_ = detail::rel::transpose_table<T>(t);
+    auto t = detail::rel::seeded_normal_table<compute_type>("posenc::clipped_bias", 2 * k_ + 1, heads_, seed, stddev);
+    table_t_ = detail::rel::transpose_table<T, compute_type>(t);  // a 16-bit table: the float draws rounded once
+  }
+
+  /// A 16-bit encoder holding `f`'s clip distance and its table rounded once
+  /// per entry to nearest even.
+  template <class U = T, std::enable_if_t<is_half_storage_v<U>, int> = 0>
+  static clipped_bias rounded_from(clipped_bias<float> const& f) {
+    index_t const rows = 2 * f.max_distance() + 1;
+    relative_table<float> t(rows, f.heads());
+    for (index_t r = 0; r < rows; ++r)
+      for (index_t h = 0; h < f.heads(); ++h) t(r, h) = f.weight(r, h);
+    return clipped_bias(f.max_distance(), f.heads(), t, rounded{});
   }
 
   /// K: distances are clipped to [-K, K].
@@ -59,23 +82,24 @@ class clipped_bias {
   /// Any position works.
   index_t max_positions() const noexcept { return 0; }
 
-  /// Table entry (row, head); row = clipped distance + K.
-  T weight(index_t row, index_t head) const {
+  /// Table entry (row, head); row = clipped distance + K (widened for a 16-bit table).
+  compute_type weight(index_t row, index_t head) const {
     detail::require(row >= 0 && row <= 2 * k_, "posenc::clipped_bias::weight", "row is ", row, ", expected 0 .. ",
                     2 * k_);
     detail::rel::check_head("posenc::clipped_bias::weight", head, heads_);
-    return table_t_[static_cast<std::size_t>(head * (2 * k_ + 1) + row)];
+    return detail::stored_value<compute_type>(table_t_[static_cast<std::size_t>(head * (2 * k_ + 1) + row)]);
   }
 
   /// table[clip(k_pos - q_pos, -K, K) + K, head].
-  T bias(index_t head, index_t q_pos, index_t k_pos) const {
+  compute_type bias(index_t head, index_t q_pos, index_t k_pos) const {
     check_call("posenc::clipped_bias::bias", head, q_pos, k_pos);
-    return table_t_[static_cast<std::size_t>(head * (2 * k_ + 1) + detail::rel::clip_distance(k_pos - q_pos, k_) + k_)];
+    return detail::stored_value<compute_type>(
+        table_t_[static_cast<std::size_t>(head * (2 * k_ + 1) + detail::rel::clip_distance(k_pos - q_pos, k_) + k_)]);
   }
 
   /// Hook: out[j] += bias(head, q_pos, k_pos_first + j), j in [0, count). Unchecked.
   POSENC_ROW_NOINLINE void bias_row(index_t head, index_t q_pos, index_t k_pos_first, index_t count,
-                                    T* out) const noexcept {
+                                    compute_type* out) const noexcept {
     POSENC_ASSERT(head >= 0 && head < heads_, "clipped_bias::bias_row: head out of range");
     if (count <= 0) return;
     T const* col = table_t_.data() + head * (2 * k_ + 1);  // (2K + 1): distance -K .. K
@@ -84,7 +108,7 @@ class clipped_bias {
     if (d <= -k_) {  // keys at distance <= -K: row 0 (for K = 0: every key)
       std::uint64_t const run = detail::rel::run_length(d, -k_ + 1);
       index_t const len = run < static_cast<std::uint64_t>(count) ? static_cast<index_t>(run) : count;
-      detail::rel::add_constant(out, len, col[0]);
+      detail::rel::add_constant(out, len, detail::stored_value<compute_type>(col[0]));
       j = len;
       d += len;
     }
@@ -94,14 +118,15 @@ class clipped_bias {
       j += len;
       d += len;
     }
-    if (j < count) detail::rel::add_constant(out + j, count - j, col[2 * k_]);  // distance >= K
+    if (j < count)  // distance >= K
+      detail::rel::add_constant(out + j, count - j, detail::stored_value<compute_type>(col[2 * k_]));
   }
 
   /// The bias is a function of the clipped k_pos - q_pos alone (see posenc/encoding/traits.hpp).
   bool shift_invariant() const noexcept { return true; }
 
   /// Checked bias_row over `out`; throws posenc::error before writing anything.
-  void add_bias(index_t head, index_t q_pos, index_t k_pos_first, span<T> out) const {
+  void add_bias(index_t head, index_t q_pos, index_t k_pos_first, span<compute_type> out) const {
     check_call("posenc::clipped_bias::add_bias", head, q_pos, k_pos_first);
     bias_row(head, q_pos, k_pos_first, out.size(), out.data());
   }
@@ -111,7 +136,7 @@ class clipped_bias {
   /// Gradient of the table: `table(clipped distance + K, head)`, shaped like
   /// the table the constructor takes, (2K + 1, heads).
   struct gradients {
-    table_type table;
+    gradient_table table;
     void set_zero() { table.setZero(); }
     /// Throws unless o.table has this table's shape.
     void check_same_shape(char const* where, gradients const& o) const {
@@ -125,7 +150,7 @@ class clipped_bias {
     }
   };
   /// Zeros of shape (2K + 1, heads).
-  gradients make_gradients() const { return {table_type::Zero(2 * k_ + 1, heads_)}; }
+  gradients make_gradients() const { return {gradient_table::Zero(2 * k_ + 1, heads_)}; }
   /// Throws unless g.table is (2K + 1, heads).
   void check_gradients(char const* where, gradients const& g) const {
     detail::require(g.table.rows() == 2 * k_ + 1 && g.table.cols() == heads_, where, "grads.table shape is (",
@@ -134,14 +159,22 @@ class clipped_bias {
   }
   /// Hook: g.table(clip(k_pos_first + j - q_pos, -K, K) + K, head) += dbias[j],
   /// j in [0, count), in order of j. Unchecked.
-  void bias_row_backward(index_t head, index_t q_pos, index_t k_pos_first, index_t count, T const* dbias,
-                         gradients& g) const noexcept {
+  void bias_row_backward(index_t head, index_t q_pos, index_t k_pos_first, index_t count,
+                         compute_type const* dbias, gradients& g) const noexcept {
     POSENC_ASSERT(head >= 0 && head < heads_, "clipped_bias::bias_row_backward: head out of range");
     index_t const d0 = k_pos_first - q_pos;
     for (index_t j = 0; j < count; ++j) g.table(detail::rel::clip_distance(d0 + j, k_) + k_, head) += dbias[j];
   }
 
  private:
+  struct rounded {};
+  // A float table rounded once per entry into the 16-bit T.
+  clipped_bias(index_t max_distance, index_t heads, relative_table<float> const& table, rounded)
+      : k_(max_distance), heads_(heads) {
+    check_params("posenc::clipped_bias::rounded_from");
+    table_t_ = detail::rel::transpose_table<T, float>(table);
+  }
+
   void check_params(char const* where) const {
     detail::require(k_ >= 0, where, "max_distance is ", k_, ", expected >= 0");
     detail::require(heads_ >= 1, where, "heads is ", heads_, ", expected >= 1");

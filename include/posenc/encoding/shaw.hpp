@@ -10,6 +10,7 @@
 
 #include "posenc/core/checked.hpp"
 #include "posenc/core/error.hpp"
+#include "posenc/core/half.hpp"
 #include "posenc/core/span.hpp"
 #include "posenc/encoding/bias_kernels.hpp"
 #include "posenc/encoding/traits.hpp"
@@ -35,14 +36,27 @@ enum class shaw_terms {
 /// keys, value_row() for one row of probabilities. Keys at |distance| >= K
 /// share a table row, so a row costs at most 2K + 1 dot products (score_row)
 /// or axpys (value_row), whatever the number of keys.
-/// @tparam T float or double.
+///
+/// 16-bit tables. shaw<Eigen::half> and shaw<Eigen::bfloat16> store aK and aV
+/// in 16 bits and compute in float (`compute_type`): q, scores, probabilities
+/// and outputs are float, and each table row is widened exactly in the SIMD
+/// loads of the dot products and axpys, which keep the float encoder's order,
+/// so every term is exactly that of a shaw<float> holding the widened tables.
+/// `rounded_from` rounds a float encoder's tables once per entry, to nearest
+/// even; the seeded constructor rounds the float encoder's draws the same way.
+/// @tparam T float, double, Eigen::half or Eigen::bfloat16 (the tables' element type).
 template <class T = float>
 class shaw {
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "posenc::shaw: T must be float or double");
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double> || is_half_storage_v<T>,
+                "posenc::shaw: T must be float, double, Eigen::half or Eigen::bfloat16");
 
  public:
   using value_type = T;
+  /// The type of q, scores, outputs and gradients: T, or float for 16-bit tables.
+  using compute_type = std::conditional_t<is_half_storage_v<T>, float, T>;
   using table_type = relative_table<T>;
+  /// The gradients of the tables (compute_type).
+  using gradient_table = relative_table<compute_type>;
 
   /// Key embeddings only: `key_table` of shape (2K + 1, head_dim), row r for distance r - K.
   shaw(index_t max_distance, Eigen::Ref<const table_type> const& key_table) : k_(max_distance) {
@@ -69,11 +83,29 @@ class shaw {
       : k_(max_distance), head_dim_(head_dim) {
     check_k("posenc::shaw");
     detail::require(head_dim_ >= 1, "posenc::shaw", "head_dim is ", head_dim_, ", expected >= 1");
-    ak_ = detail::rel::copy_table<T>(
-        detail::rel::seeded_normal_table<T>("posenc::shaw", 2 * k_ + 1, head_dim_, seed, stddev));
+    // A 16-bit table: the float draws rounded once.
+    ak_ = detail::rel::copy_table<T, compute_type>(
+        detail::rel::seeded_normal_table<compute_type>("posenc::shaw", 2 * k_ + 1, head_dim_, seed, stddev));
     if (terms == shaw_terms::keys_and_values)
-      av_ = detail::rel::copy_table<T>(
-          detail::rel::seeded_normal_table<T>("posenc::shaw", 2 * k_ + 1, head_dim_, seed + 1, stddev));
+      av_ = detail::rel::copy_table<T, compute_type>(
+          detail::rel::seeded_normal_table<compute_type>("posenc::shaw", 2 * k_ + 1, head_dim_, seed + 1, stddev));
+  }
+
+  /// A 16-bit encoder holding `f`'s clip distance and its tables (aK, and aV
+  /// when it has them) rounded once per entry to nearest even.
+  template <class U = T, std::enable_if_t<is_half_storage_v<U>, int> = 0>
+  static shaw rounded_from(shaw<float> const& f) {
+    index_t const rows = 2 * f.max_distance() + 1, d = f.head_dim();
+    relative_table<float> ak(rows, d), av(f.has_values() ? rows : 0, f.has_values() ? d : 0);
+    for (index_t r = 0; r < rows; ++r)
+      for (index_t c = 0; c < d; ++c) {
+        ak(r, c) = f.key_weight(r, c);
+        if (f.has_values()) av(r, c) = f.value_weight(r, c);
+      }
+    shaw h(f.max_distance(), d, rounded{});
+    h.ak_ = detail::rel::copy_table<T, float>(ak);
+    if (f.has_values()) h.av_ = detail::rel::copy_table<T, float>(av);
+    return h;
   }
 
   /// K: distances are clipped to [-K, K].
@@ -91,23 +123,23 @@ class shaw {
     detail::rel::check_position("posenc::shaw::row", "k_pos", k_pos);
     return detail::rel::clip_distance(k_pos - q_pos, k_) + k_;
   }
-  /// aK[row, dim].
-  T key_weight(index_t r, index_t dim) const {
+  /// aK[row, dim] (widened for 16-bit tables).
+  compute_type key_weight(index_t r, index_t dim) const {
     check_entry("posenc::shaw::key_weight", r, dim);
-    return ak_[static_cast<std::size_t>(r * head_dim_ + dim)];
+    return detail::stored_value<compute_type>(ak_[static_cast<std::size_t>(r * head_dim_ + dim)]);
   }
   /// aV[row, dim]; requires has_values().
-  T value_weight(index_t r, index_t dim) const {
+  compute_type value_weight(index_t r, index_t dim) const {
     detail::require(has_values(), "posenc::shaw::value_weight",
                     "value table is absent, expected shaw_terms::keys_and_values");
     check_entry("posenc::shaw::value_weight", r, dim);
-    return av_[static_cast<std::size_t>(r * head_dim_ + dim)];
+    return detail::stored_value<compute_type>(av_[static_cast<std::size_t>(r * head_dim_ + dim)]);
   }
 
   /// Hook: out[j] += scale * (q . aK[clip(k_pos_first + j - q_pos) + K]),
   /// j in [0, count); q has head_dim values. Unchecked.
-  POSENC_ROW_NOINLINE void score_row(T const* q, index_t q_pos, index_t k_pos_first, index_t count, T scale,
-                                     T* out) const noexcept {
+  POSENC_ROW_NOINLINE void score_row(compute_type const* q, index_t q_pos, index_t k_pos_first, index_t count,
+                                     compute_type scale, compute_type* out) const noexcept {
     if (count <= 0) return;
     index_t d = k_pos_first - q_pos;
     index_t j = 0;
@@ -127,8 +159,8 @@ class shaw {
 
   /// Hook: out[0..head_dim) += sum_j p[j] * aV[clip(k_pos_first + j - q_pos) + K],
   /// j in [0, count). Does nothing without value embeddings. Unchecked.
-  POSENC_ROW_NOINLINE void value_row(T const* p, index_t q_pos, index_t k_pos_first, index_t count,
-                                     T* out) const noexcept {
+  POSENC_ROW_NOINLINE void value_row(compute_type const* p, index_t q_pos, index_t k_pos_first, index_t count,
+                                     compute_type* out) const noexcept {
     if (count <= 0 || av_.empty()) return;
     index_t d = k_pos_first - q_pos;
     index_t j = 0;
@@ -147,7 +179,8 @@ class shaw {
 
   /// Checked score_row: q has head_dim values, out one per key; throws
   /// posenc::error before writing anything.
-  void add_scores(span<const T> q, index_t q_pos, index_t k_pos_first, T scale, span<T> out) const {
+  void add_scores(span<const compute_type> q, index_t q_pos, index_t k_pos_first, compute_type scale,
+                  span<compute_type> out) const {
     char const* where = "posenc::shaw::add_scores";
     detail::require(q.size() == head_dim_, where, "q has ", q.size(), " values, expected ", head_dim_, " (head_dim)");
     detail::require(std::isfinite(static_cast<double>(scale)), where, "scale is ", scale, ", expected a finite number");
@@ -158,7 +191,7 @@ class shaw {
 
   /// Checked value_row: p has one probability per key, out head_dim values;
   /// requires value embeddings; throws posenc::error before writing anything.
-  void add_values(span<const T> p, index_t q_pos, index_t k_pos_first, span<T> out) const {
+  void add_values(span<const compute_type> p, index_t q_pos, index_t k_pos_first, span<compute_type> out) const {
     char const* where = "posenc::shaw::add_values";
     detail::require(has_values(), where, "value table is absent, expected shaw_terms::keys_and_values");
     detail::require(out.size() == head_dim_, where, "out has ", out.size(), " values, expected ", head_dim_,
@@ -174,7 +207,7 @@ class shaw {
   /// constructor takes: `key` (2K + 1, head_dim); `value` the same, or empty
   /// (0 x 0) when the encoder has no value embeddings.
   struct gradients {
-    table_type key, value;
+    gradient_table key, value;
     void set_zero() {
       key.setZero();
       value.setZero();
@@ -195,7 +228,8 @@ class shaw {
   /// Zeros of the tables' shapes.
   gradients make_gradients() const {
     index_t const rows = 2 * k_ + 1;
-    return {table_type::Zero(rows, head_dim_), has_values() ? table_type::Zero(rows, head_dim_) : table_type()};
+    return {gradient_table::Zero(rows, head_dim_),
+            has_values() ? gradient_table::Zero(rows, head_dim_) : gradient_table()};
   }
   /// Throws unless g's tables have the shapes make_gradients() gives.
   void check_gradients(char const* where, gradients const& g) const {
@@ -210,16 +244,18 @@ class shaw {
   /// Hook, the transpose of score_row: for j in [0, count), with r the row of
   /// key k_pos_first + j and ds = scale * dscore[j]: dq[0..head_dim) += ds * aK[r]
   /// and g.key.row(r) += ds * q. Unchecked.
-  void score_row_backward(T const* q, index_t q_pos, index_t k_pos_first, index_t count, T scale, T const* dscore,
-                          T* dq, gradients& g) const noexcept {
+  void score_row_backward(compute_type const* q, index_t q_pos, index_t k_pos_first, index_t count,
+                          compute_type scale, compute_type const* dscore, compute_type* dq,
+                          gradients& g) const noexcept {
+    using C = compute_type;
     index_t const d0 = k_pos_first - q_pos;
     for (index_t j = 0; j < count; ++j) {
       index_t const r = detail::rel::clip_distance(d0 + j, k_) + k_;
-      T const ds = scale * dscore[j];
+      C const ds = scale * dscore[j];
       T const* ak = ak_.data() + r * head_dim_;
-      T* gk = g.key.data() + r * head_dim_;  // row-major
+      C* gk = g.key.data() + r * head_dim_;  // row-major
       for (index_t c = 0; c < head_dim_; ++c) {
-        dq[c] += ds * ak[c];
+        dq[c] += ds * detail::stored_value<C>(ak[c]);
         gk[c] += ds * q[c];
       }
     }
@@ -228,17 +264,18 @@ class shaw {
   /// Hook, the transpose of value_row: for j in [0, count), with r the row of
   /// key k_pos_first + j: dp[j] += dout . aV[r] and g.value.row(r) += p[j] * dout.
   /// Does nothing without value embeddings. Unchecked.
-  void value_row_backward(T const* p, T const* dout, index_t q_pos, index_t k_pos_first, index_t count, T* dp,
-                          gradients& g) const noexcept {
+  void value_row_backward(compute_type const* p, compute_type const* dout, index_t q_pos, index_t k_pos_first,
+                          index_t count, compute_type* dp, gradients& g) const noexcept {
+    using C = compute_type;
     if (av_.empty()) return;
     index_t const d0 = k_pos_first - q_pos;
     for (index_t j = 0; j < count; ++j) {
       index_t const r = detail::rel::clip_distance(d0 + j, k_) + k_;
       T const* av = av_.data() + r * head_dim_;
-      T* gv = g.value.data() + r * head_dim_;
-      T acc = T(0);
+      C* gv = g.value.data() + r * head_dim_;
+      C acc = C(0);
       for (index_t c = 0; c < head_dim_; ++c) {
-        acc += dout[c] * av[c];
+        acc += dout[c] * detail::stored_value<C>(av[c]);
         gv[c] += p[j] * dout[c];
       }
       dp[j] += acc;
@@ -246,6 +283,10 @@ class shaw {
   }
 
  private:
+  struct rounded {};
+  // Empty tables, filled by rounded_from.
+  shaw(index_t max_distance, index_t head_dim, rounded) : k_(max_distance), head_dim_(head_dim) {}
+
   void check_k(char const* where) const {
     detail::require(k_ >= 1, where, "max_distance is ", k_, ", expected >= 1");
     detail::rel::clipped_rows(where, k_);

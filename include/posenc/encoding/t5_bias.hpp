@@ -11,6 +11,7 @@
 
 #include "posenc/core/checked.hpp"
 #include "posenc/core/error.hpp"
+#include "posenc/core/half.hpp"
 #include "posenc/core/span.hpp"
 #include "posenc/encoding/bias_kernels.hpp"
 #include "posenc/encoding/traits.hpp"
@@ -40,14 +41,27 @@ struct t5_bias_params {
 /// Since bucket(delta) is constant over runs of keys, the constructor lists
 /// the runs once (at most N of them); bias_row walks the runs and adds each
 /// one's value with a SIMD fill, no logarithm per key.
-/// @tparam T float or double.
+///
+/// 16-bit tables. t5_bias<Eigen::half> and t5_bias<Eigen::bfloat16> store the
+/// table in 16 bits and compute in float (`compute_type`): each entry is
+/// widened exactly when read, so bias_row, bias and weight give exactly what
+/// a t5_bias<float> holding the widened table gives, and attention takes the
+/// encoder with float (or 16-bit) tensors. `rounded_from` rounds a float
+/// encoder's table once per entry, to nearest even; the seeded constructor
+/// rounds the float encoder's draws the same way.
+/// @tparam T float, double, Eigen::half or Eigen::bfloat16 (the table's element type).
 template <class T = float>
 class t5_bias {
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "posenc::t5_bias: T must be float or double");
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double> || is_half_storage_v<T>,
+                "posenc::t5_bias: T must be float, double, Eigen::half or Eigen::bfloat16");
 
  public:
   using value_type = T;
+  /// The type of bias rows, values and gradients: T, or float for a 16-bit table.
+  using compute_type = std::conditional_t<is_half_storage_v<T>, float, T>;
   using table_type = relative_table<T>;
+  /// The gradient of the table (compute_type).
+  using gradient_table = relative_table<compute_type>;
 
   /// A learned table of shape (num_buckets, heads), as HF's
   /// `relative_attention_bias.weight`.
@@ -63,9 +77,19 @@ class t5_bias {
   /// detail::rel::seeded_normal_table); T5 itself initialises with stddev d_model^-0.5.
   t5_bias(t5_bias_params const& p, std::uint64_t seed, double stddev = 0.02) : p_(p) {
     check_params("posenc::t5_bias");
-    auto t = detail::rel::seeded_normal_table<T>("posenc::t5_bias", p_.num_buckets, p_.heads, seed, stddev);
-    table_t_ = detail::rel::transpose_table<T>(t);
+    auto t = detail::rel::seeded_normal_table<compute_type>("posenc::t5_bias", p_.num_buckets, p_.heads, seed, stddev);
+    table_t_ = detail::rel::transpose_table<T, compute_type>(t);  // a 16-bit table: the float draws rounded once
     build_runs();
+  }
+
+  /// A 16-bit encoder holding `f`'s parameters and its table rounded once per
+  /// entry to nearest even.
+  template <class U = T, std::enable_if_t<is_half_storage_v<U>, int> = 0>
+  static t5_bias rounded_from(t5_bias<float> const& f) {
+    relative_table<float> t(f.num_buckets(), f.heads());
+    for (index_t b = 0; b < f.num_buckets(); ++b)
+      for (index_t h = 0; h < f.heads(); ++h) t(b, h) = f.weight(b, h);
+    return t5_bias(f.params(), t, rounded{});
   }
 
   t5_bias_params const& params() const noexcept { return p_; }
@@ -76,12 +100,12 @@ class t5_bias {
   /// Any position works.
   index_t max_positions() const noexcept { return 0; }
 
-  /// Table entry (bucket, head).
-  T weight(index_t bucket_index, index_t head) const {
+  /// Table entry (bucket, head) (widened for a 16-bit table).
+  compute_type weight(index_t bucket_index, index_t head) const {
     detail::require(bucket_index >= 0 && bucket_index < p_.num_buckets, "posenc::t5_bias::weight", "bucket is ",
                     bucket_index, ", expected 0 .. ", p_.num_buckets - 1);
     detail::rel::check_head("posenc::t5_bias::weight", head, p_.heads);
-    return table_t_[static_cast<std::size_t>(head * p_.num_buckets + bucket_index)];
+    return detail::stored_value<compute_type>(table_t_[static_cast<std::size_t>(head * p_.num_buckets + bucket_index)]);
   }
 
   /// The bucket of relative position delta = key - query; any delta.
@@ -98,23 +122,25 @@ class t5_bias {
   }
 
   /// table[bucket(k_pos - q_pos), head].
-  T bias(index_t head, index_t q_pos, index_t k_pos) const {
+  compute_type bias(index_t head, index_t q_pos, index_t k_pos) const {
     check_call("posenc::t5_bias::bias", head, q_pos, k_pos);
-    return table_t_[static_cast<std::size_t>(head * p_.num_buckets + bucket(k_pos - q_pos))];
+    return detail::stored_value<compute_type>(
+        table_t_[static_cast<std::size_t>(head * p_.num_buckets + bucket(k_pos - q_pos))]);
   }
 
   /// Hook: out[j] += bias(head, q_pos, k_pos_first + j), j in [0, count). Unchecked.
   POSENC_ROW_NOINLINE void bias_row(index_t head, index_t q_pos, index_t k_pos_first, index_t count,
-                                    T* out) const noexcept {
+                                    compute_type* out) const noexcept {
     POSENC_ASSERT(head >= 0 && head < p_.heads, "t5_bias::bias_row: head out of range");
     if (count <= 0) return;
     T const* col = table_t_.data() + head * p_.num_buckets;
+    auto const at = [col](index_t b) { return detail::stored_value<compute_type>(col[b]); };
     index_t d = k_pos_first - q_pos;
     // Most tiles of a long sequence lie wholly in a saturated run (far keys):
     // one fill, no search.
-    if (d >= starts_.back()) return detail::rel::add_constant(out, count, col[buckets_.back()]);
+    if (d >= starts_.back()) return detail::rel::add_constant(out, count, at(buckets_.back()));
     if (d < starts_[1] && detail::rel::run_length(d, starts_[1]) >= static_cast<std::uint64_t>(count))
-      return detail::rel::add_constant(out, count, col[buckets_[0]]);
+      return detail::rel::add_constant(out, count, at(buckets_[0]));
     // The run holding d: the last start <= d (starts_[0] is the lowest index_t).
     auto r = static_cast<std::size_t>(std::upper_bound(starts_.begin(), starts_.end(), d) - starts_.begin()) - 1;
     index_t j = 0;
@@ -124,7 +150,7 @@ class t5_bias {
         std::uint64_t const run = detail::rel::run_length(d, starts_[r + 1]);
         if (run < static_cast<std::uint64_t>(len)) len = static_cast<index_t>(run);
       }
-      detail::rel::add_constant(out + j, len, col[buckets_[r]]);
+      detail::rel::add_constant(out + j, len, at(buckets_[r]));
       j += len;
       d += len;
       ++r;
@@ -135,7 +161,7 @@ class t5_bias {
   bool shift_invariant() const noexcept { return true; }
 
   /// Checked bias_row over `out`; throws posenc::error before writing anything.
-  void add_bias(index_t head, index_t q_pos, index_t k_pos_first, span<T> out) const {
+  void add_bias(index_t head, index_t q_pos, index_t k_pos_first, span<compute_type> out) const {
     check_call("posenc::t5_bias::add_bias", head, q_pos, k_pos_first);
     bias_row(head, q_pos, k_pos_first, out.size(), out.data());
   }
@@ -145,7 +171,7 @@ class t5_bias {
   /// Gradient of the table: `table(bucket, head)`, shaped like the table the
   /// constructor takes, (num_buckets, heads).
   struct gradients {
-    table_type table;
+    gradient_table table;
     void set_zero() { table.setZero(); }
     /// Throws unless o.table has this table's shape.
     void check_same_shape(char const* where, gradients const& o) const {
@@ -159,7 +185,7 @@ class t5_bias {
     }
   };
   /// Zeros of shape (num_buckets, heads).
-  gradients make_gradients() const { return {table_type::Zero(p_.num_buckets, p_.heads)}; }
+  gradients make_gradients() const { return {gradient_table::Zero(p_.num_buckets, p_.heads)}; }
   /// Throws unless g.table is (num_buckets, heads).
   void check_gradients(char const* where, gradients const& g) const {
     detail::require(g.table.rows() == p_.num_buckets && g.table.cols() == p_.heads, where, "grads.table shape is (",
@@ -168,13 +194,21 @@ class t5_bias {
   }
   /// Hook: g.table(bucket(k_pos_first + j - q_pos), head) += dbias[j], j in
   /// [0, count), in order of j. Unchecked.
-  void bias_row_backward(index_t head, index_t q_pos, index_t k_pos_first, index_t count, T const* dbias,
-                         gradients& g) const noexcept {
+  void bias_row_backward(index_t head, index_t q_pos, index_t k_pos_first, index_t count,
+                         compute_type const* dbias, gradients& g) const noexcept {
     POSENC_ASSERT(head >= 0 && head < p_.heads, "t5_bias::bias_row_backward: head out of range");
     for (index_t j = 0; j < count; ++j) g.table(bucket(k_pos_first + j - q_pos), head) += dbias[j];
   }
 
  private:
+  struct rounded {};
+  // A float table rounded once per entry into the 16-bit T.
+  t5_bias(t5_bias_params const& p, relative_table<float> const& table, rounded) : p_(p) {
+    check_params("posenc::t5_bias::rounded_from");
+    table_t_ = detail::rel::transpose_table<T, float>(table);
+    build_runs();
+  }
+
   // Bucket of distance n >= 0 on one side (before the direction offset),
   // for n <= max_distance.
   index_t side_bucket(index_t n, index_t half) const noexcept {
@@ -256,7 +290,7 @@ class t5_bias {
   }
 
   t5_bias_params p_;
-  std::vector<T> table_t_;        // (heads, num_buckets): one head's buckets contiguous
+  std::vector<T> table_t_;        // (heads, num_buckets): one head's buckets contiguous, stored as T
   std::vector<index_t> starts_;   // (runs): first delta of each run, ascending
   std::vector<index_t> buckets_;  // (runs): bucket of each run
 };

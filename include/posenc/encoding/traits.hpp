@@ -418,7 +418,9 @@ inline constexpr bool has_backward_v = detail::encoder_backward_problem<E, T>() 
 /// the table above, and say in one sentence what is missing instead of an
 /// overload error from deep inside a kernel:
 /// - `E::value_type`, when E declares one, is T (an encoder without it, such as
-///   none, compose or a generic test encoder, must work with any T);
+///   none, compose or a generic test encoder, must work with any T); an
+///   encoder with a 16-bit table declares `compute_type` (float), which is
+///   compared instead;
 /// - `index_t max_positions() const` exists;
 /// - for each trait that is true, its hooks are callable with the argument
 ///   types in the table (T* for T, views of T), const, with results convertible
@@ -434,6 +436,14 @@ struct declared_value_type {
 template <class E>
 struct declared_value_type<E, std::void_t<typename E::value_type>> {
   using type = typename E::value_type;
+};
+template <class E, class = void>
+struct declared_compute_type : declared_value_type<E> {};
+/// An encoder whose table is stored in 16 bits declares `compute_type` (float):
+/// its hooks take views and pointers of that type.
+template <class E>
+struct declared_compute_type<E, std::void_t<typename E::compute_type>> {
+  using type = typename E::compute_type;
 };
 
 template <class E, class = void>
@@ -495,7 +505,7 @@ enum class contract_problem { none, value_type, max_positions, add_to, rotate, b
 template <class E, class T>
 struct encoder_contract {
   using traits = encoder_traits<E>;
-  using declared = typename declared_value_type<E>::type;
+  using declared = typename declared_compute_type<E>::type;
   static constexpr contract_problem problem =
       !(std::is_void<declared>::value || std::is_same<declared, T>::value) ? contract_problem::value_type
       : !has_max_positions_hook<E>::value                                   ? contract_problem::max_positions
