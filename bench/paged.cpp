@@ -9,10 +9,14 @@
 //                   of K and V laid contiguously (what the page layout alone costs the memory system)
 //   x_stream     = paged batched decode time / time to read all its K and V once
 //   x_contiguous (prefill) = causal prefill of a prompt over its pages / the same prefill on contiguous K and V
+//   16-bit decode (fp16, bf16), pages of Eigen::half / Eigen::bfloat16 read in place:
+//   x_contiguous = paged decode time / kv_cache<same type> decode time (same sequence)
+//   x_stream     = paged decode time / time to read its 16-bit K and V once (widened to float and summed)
 #include <posenc/attention/attention.hpp>
 #include <posenc/attention/kv_cache.hpp>
 #include <posenc/attention/paged_attention.hpp>
 #include <posenc/attention/paged_kv_cache.hpp>
+#include <posenc/core/half.hpp>
 #include <posenc/encoding/none.hpp>
 
 #include <chrono>
@@ -81,6 +85,33 @@ float read_pages(posenc::paged_kv_cache<float> const& cache, posenc::span<const 
       for (float const* x : {cache.page_keys(table[i], 1).data, cache.page_values(table[i], 1).data})
         for (index_t e = 0; e + W <= len; e += W) acc = acc + posenc::simd::load(x + e);
     part[static_cast<std::size_t>(t)] = posenc::simd::reduce_add(acc);
+  });
+  float s = 0;
+  for (float v : part) s += v;
+  return s;
+}
+
+/// Sums n 16-bit values of format S once on `threads` threads, each widened
+/// to float (a read of 16-bit K and V).
+template <class S>
+float read_once_16(S const* x, std::int64_t n, int threads) {
+  using B = posenc::simd::batch<float>;
+  constexpr std::int64_t W = posenc::simd::width<float>;
+  constexpr auto f_v = posenc::detail::half_format_of_v<S>;
+  std::uint16_t const* bits = posenc::detail::half_bits(x);
+  std::vector<float> part(static_cast<std::size_t>(threads), 0.0f);
+  std::int64_t const chunk = (n / threads + W - 1) / W * W;
+  posenc::parallel_for(threads, threads, [&](index_t t) {
+    std::int64_t const lo = t * chunk, hi = std::min(n, lo + chunk);
+    B a0(0.0f), a1(0.0f);
+    std::int64_t i = lo;
+    for (; i + 2 * W <= hi; i += 2 * W) {
+      a0 = a0 + posenc::simd::load_widen<f_v>(bits + i);
+      a1 = a1 + posenc::simd::load_widen<f_v>(bits + i + W);
+    }
+    float s = posenc::simd::reduce_add(a0 + a1);
+    for (; i < hi; ++i) s += posenc::detail::stored_value<float>(x[i]);
+    part[static_cast<std::size_t>(t)] = s;
   });
   float s = 0;
   for (float v : part) s += v;
@@ -165,6 +196,67 @@ void decode_vs_contiguous(benchmark::State& state, page_order order, int threads
   state.counters["x_contiguous"] = contiguous_s > 0 ? paged_s / contiguous_s : 0.0;
   state.counters["x_read_layout"] = read_s > 0 ? pages_read_s / read_s : 0.0;
   state.counters["threads"] = threads;
+}
+
+/// Decode over a 16-bit paged cache (S = Eigen::half or Eigen::bfloat16): one
+/// sequence of 4096 tokens in consecutive 16-token pages, float q and out.
+/// Baselines in the same loop: the same decode over a contiguous kv_cache<S>,
+/// and a read of the sequence's 16-bit K and V once.
+template <class S>
+void half_decode_vs_contiguous(benchmark::State& state, int threads) {
+  index_t const S_len = 4096, P = 16;
+  auto const k = random_floats(static_cast<std::size_t>(S_len * H * D), 2);
+  auto const v = random_floats(static_cast<std::size_t>(S_len * H * D), 3);
+  auto const q = random_floats(static_cast<std::size_t>(H * D), 1);
+  std::vector<float> out(q.size());
+  posenc::paged_kv_cache<S> paged(S_len / P, P, H, D);
+  index_t const id = paged.add_sequence();
+  for (index_t s = 0; s < S_len; s += P)
+    paged.append(id, posenc::make_bshd<const float>(k.data() + s * H * D, 1, P, H, D),
+                 posenc::make_bshd<const float>(v.data() + s * H * D, 1, P, H, D), posenc::none{});
+  posenc::kv_cache<S> contiguous(1, H, D);
+  contiguous.append(posenc::make_bshd<const float>(k.data(), 1, S_len, H, D),
+                    posenc::make_bshd<const float>(v.data(), 1, S_len, H, D), posenc::none{});
+  auto& evict = posenc_bench::persistent_buffer<float>("paged/evict", index_t{64} << 20, 1.0f);
+  posenc::attention_options<float> opt;
+  opt.causal = true;
+  opt.threads = threads;
+  posenc::paged_attention_workspace<S> ws;
+  std::vector<index_t> const ids = {id};
+  auto const qv = posenc::make_bshd<const float>(q.data(), 1, 1, H, D);
+  auto const ov = posenc::make_bshd(out.data(), 1, 1, H, D);
+  auto run_paged = [&] { posenc::attention<posenc::path::fused>(qv, paged, ids, ov, posenc::none{}, opt, ws); };
+  auto run_contiguous = [&] { posenc::attention<posenc::path::fused>(qv, contiguous, ov, posenc::none{}, opt); };
+  run_paged();
+  run_contiguous();
+  // The pages are consecutive: the pool's keys and values are the sequence's, in order.
+  S const* const pk = paged.page_keys(0, paged.pages()).data;
+  S const* const pv = paged.page_values(0, paged.pages()).data;
+  double paged_s = 0, contiguous_s = 0, read_s = 0;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(evict_caches(evict));
+    auto const t0 = std::chrono::steady_clock::now();
+    run_paged();
+    benchmark::ClobberMemory();
+    auto const t1 = std::chrono::steady_clock::now();
+    benchmark::DoNotOptimize(evict_caches(evict));
+    auto const t2 = std::chrono::steady_clock::now();
+    run_contiguous();
+    benchmark::ClobberMemory();
+    auto const t3 = std::chrono::steady_clock::now();
+    benchmark::DoNotOptimize(evict_caches(evict));
+    auto const t4 = std::chrono::steady_clock::now();
+    benchmark::DoNotOptimize(read_once_16(pk, S_len * H * D, threads) + read_once_16(pv, S_len * H * D, threads));
+    auto const t5 = std::chrono::steady_clock::now();
+    paged_s += std::chrono::duration<double>(t1 - t0).count();
+    contiguous_s += std::chrono::duration<double>(t3 - t2).count();
+    read_s += std::chrono::duration<double>(t5 - t4).count();
+    state.SetIterationTime(std::chrono::duration<double>(t1 - t0).count());
+  }
+  state.counters["x_contiguous"] = contiguous_s > 0 ? paged_s / contiguous_s : 0.0;
+  state.counters["x_stream"] = read_s > 0 ? paged_s / read_s : 0.0;
+  state.counters["threads"] = threads;
+  state.SetBytesProcessed(state.iterations() * 2 * S_len * H * D * static_cast<std::int64_t>(sizeof(S)));
 }
 
 /// 16 sequences of lengths spread evenly over 256 .. 4096, 16-token pages,
@@ -282,6 +374,18 @@ int main(int argc, char** argv) {
         decode_vs_contiguous(s, order, t);
       })->Unit(benchmark::kMicrosecond)->UseManualTime()->MinTime(0.5);
     }
+    benchmark::RegisterBenchmark(("paged/decode_vs_contiguous/fp16_pages/H8_D128_S4096_page16/threads:" +
+                                  std::to_string(t)).c_str(),
+                                 [t](benchmark::State& s) { half_decode_vs_contiguous<Eigen::half>(s, t); })
+        ->Unit(benchmark::kMicrosecond)
+        ->UseManualTime()
+        ->MinTime(0.5);
+    benchmark::RegisterBenchmark(("paged/decode_vs_contiguous/bf16_pages/H8_D128_S4096_page16/threads:" +
+                                  std::to_string(t)).c_str(),
+                                 [t](benchmark::State& s) { half_decode_vs_contiguous<Eigen::bfloat16>(s, t); })
+        ->Unit(benchmark::kMicrosecond)
+        ->UseManualTime()
+        ->MinTime(0.5);
     benchmark::RegisterBenchmark(("paged/batched_decode/16_seqs_256_to_4096/H8_D128_page16/threads:" +
                                   std::to_string(t)).c_str(),
                                  [t](benchmark::State& s) { batched_decode(s, t); })

@@ -17,14 +17,18 @@ namespace posenc {
 /// kept between calls: once a call of a given shape has run, the next calls
 /// of that shape (a decode loop) allocate nothing. Not shared between threads
 /// calling attention at the same time.
+/// @tparam T the cache's element type (float, double, or a 16-bit type, whose
+///         calls compute in float)
 template <class T>
 class paged_attention_workspace {
  public:
+  /// The compute type: T, or float for a 16-bit cache.
+  using compute_type = std::conditional_t<is_half_storage_v<T>, float, T>;
   /// The buffers (internal layout of the fused path).
-  detail::fused::paged_work<T>& buffers() noexcept { return work_; }
+  detail::fused::paged_work<compute_type, T>& buffers() noexcept { return work_; }
 
  private:
-  detail::fused::paged_work<T> work_;
+  detail::fused::paged_work<compute_type, T> work_;
 };
 
 namespace detail {
@@ -74,7 +78,7 @@ attention_options<T> paged_entry_options(attention_options<T> const& opt, index_
   return o;
 }
 
-/// Keys (or values) of one sequence gathered into a contiguous (1, L, H, d) copy.
+/// Keys (or values) of one sequence gathered into a contiguous (1, L, H, d) copy (elements as stored).
 template <class T>
 view<const T> gather_sequence(paged_kv_cache<T> const& cache, index_t id, bool values, std::vector<T>& buf) {
   index_t const L = cache.length(id), H = cache.kv_heads(), d = values ? cache.value_dim() : cache.head_dim();
@@ -106,9 +110,9 @@ index_t paged_first_key(E const& enc, index_t keys, index_t sq) noexcept {
 /// The chunks of every entry: its keys from `first_key(b)` on cut into pieces
 /// of at most `max_len` keys, each listing its runs of pages with consecutive
 /// ids; an entry without keys gets one empty chunk.
-template <class T, class F>
-void plan_chunks(fused::paged_work<T>& w, paged_kv_cache<T> const& cache, span<const index_t> ids, index_t max_len,
-                 F const& first_key) {
+template <class T, class S, class F>
+void plan_chunks(fused::paged_work<T, S>& w, paged_kv_cache<S> const& cache, span<const index_t> ids,
+                 index_t max_len, F const& first_key) {
   index_t const P = cache.page_tokens();
   w.chunks.clear();
   w.runs.clear();
@@ -154,8 +158,8 @@ void plan_chunks(fused::paged_work<T>& w, paged_kv_cache<T> const& cache, span<c
 /// their indices, nothing is listed per key, and a warm plan allocates
 /// nothing whatever the sequence's length and first position. Otherwise the
 /// key positions are listed (growing by doubling).
-template <class T>
-void fill_paged_plan(attention_plan<T>& p, view<const T> q, paged_kv_cache<T> const& cache, index_t id,
+template <class T, class Q, class S>
+void fill_paged_plan(attention_plan<T>& p, view<const Q> q, paged_kv_cache<S> const& cache, index_t id,
                      attention_options<T> const& o, bool relative) {
   index_t const L = cache.length(id), first = cache.first_position(id);
   p.batch = 1;
@@ -200,58 +204,13 @@ void fill_paged_plan(attention_plan<T>& p, view<const T> q, paged_kv_cache<T> co
 
 }  // namespace detail
 
-/// Attention of each query entry over the keys and values of one sequence of
-/// a paged_kv_cache, all entries in one call (a batched decode step: one query
-/// token per sequence, or a few for speculative decoding; or a prefill chunk).
-///
-/// Entry b of q and out belongs to sequence `seq_ids[b]` (an id may repeat).
-/// As with kv_cache, what is cached and where it sits comes from the cache:
-/// - Keys: sequence seq_ids[b]'s tokens, rotated exactly when the cache
-///   stores them rotated (`cache.keys_rotated()`); `opt.keys_rotated` is set
-///   from the cache (true over unrotated keys throws).
-/// - Key positions: token j of the sequence sits at `first_position(id) + j`;
-///   `opt.k_positions` must be unset. Key lengths: `length(id)` per entry;
-///   `opt.key_lengths` must be empty.
-/// - Query positions: by default the Sq queries of entry b are the last Sq
-///   tokens appended to its sequence: `next_position(id) - Sq + i`;
-///   `opt.q_positions` (shape (entries, Sq)) overrides it.
-/// - Masks: batch extent 1 or the number of entries; key index j is the
-///   sequence's token j (an extent past a sequence's length is cut to it, a
-///   shorter one masks the keys past it). `opt.lse` is (entries, Hq, Sq).
-/// - `opt.scores` must be null (no path produces scores here).
-/// - The encoder acts as it did on append (it rotates exactly when the cached
-///   keys are rotated; its head_dim() if any is the cache's).
-/// - transformer_xl: the sequence's tokens before the Sq queries are the
-///   segment memory; with memory_length() = M > 0 an entry attends to its last
-///   M memory keys and its Sq current keys (the keys before are skipped, not
-///   copied), and every query is shifted by the content bias u, as in the
-///   contiguous call.
-///
-/// path::fused and path::best read the pages in place: the keys of an entry
-/// are one chunk (cut into several to keep the threads busy) that walks its
-/// runs of pages with consecutive ids, each a strided view, tile by tile with
-/// the row kernel; the chunks of an entry are merged by log-sum-exp. Work is
-/// parallel over (entry, chunk), and (kv head, row group) with Shaw terms.
-/// A prefill (Sq x group at least the lane kernel's minimum rows, no Shaw
-/// terms) runs the lane kernel's steps over each entry's runs of pages
-/// instead, parallel over (entry, kv head, query blocks).
-/// path::reference and path::materialized gather each sequence (the oracle).
-///
-/// @param q   (entries, Sq, Hq, D), D = cache.head_dim(), Hq a multiple of cache.kv_heads()
-/// @param seq_ids entries ids of open sequences
-/// @param out (entries, Sq, Hq, cache.value_dim())
-/// @param ws  buffers kept between calls (see paged_attention_workspace)
-/// @throws posenc::error on any bad argument, before anything is written.
-template <class Path = path::best, class T, class E>
-void attention(view<const detail::identity_t<T>> q, paged_kv_cache<T> const& cache, span<const index_t> seq_ids,
-               view<detail::identity_t<T>> out, E const& enc, attention_options<detail::identity_t<T>> const& opt,
-               paged_attention_workspace<T>& ws) {
-  static_assert(has_encoder_traits_v<E>, "posenc::attention: E is not an encoder; specialize posenc::encoder_traits<E>");
-  static_assert(!encoder_traits<E>::adds_to_embeddings,
-                "posenc::attention: this encoder adds to embeddings, which the attention kernel cannot reach");
-  static_assert(detail::encoder_contract_problem<E, T>() == detail::contract_problem::none,
-                "posenc::attention: the encoder does not meet the encoder contract for T (see encoding/traits.hpp)");
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "posenc::attention: T must be float or double");
+namespace detail {
+
+/// The paged call after its compile-time checks: q of Q, out of O, the cache
+/// stored as S, computed in T (Q, O, S each T, or 16-bit with float T).
+template <class Path, class T, class S, class Q, class O, class E>
+void paged_attention(view<const Q> q, paged_kv_cache<S> const& cache, span<const index_t> seq_ids, view<O> out,
+                     E const& enc, attention_options<T> const& opt, fused::paged_work<T, S>& work) {
   char const* w = "posenc::attention";
   constexpr bool rotates = encoder_traits<E>::rotates_queries_keys;
   bool const stored_rotated = cache.keys_rotated();
@@ -288,7 +247,6 @@ void attention(view<const detail::identity_t<T>> q, paged_kv_cache<T> const& cac
   detail::require(opt.bool_mask.empty() || opt.bool_mask.batch == 1 || opt.bool_mask.batch == n, w,
                   "bool_mask.batch is ", opt.bool_mask.batch, ", expected 1 or ", n, " (seq_ids.size())");
   if (opt.q_positions) opt.q_positions->validate_shape(w, "q_positions", n, Sq);
-  detail::fused::paged_work<T>& work = ws.buffers();
   index_t const sq_n = detail::checked_mul(w, n, Sq, "seq_ids.size() x q.seq");
   detail::fit_vector(work.q_ids, sq_n);
   for (index_t b = 0; b < n; ++b)
@@ -296,46 +254,52 @@ void attention(view<const detail::identity_t<T>> q, paged_kv_cache<T> const& cac
       work.q_ids[static_cast<std::size_t>(b * Sq + i)] =
           opt.q_positions ? opt.q_positions->at(b, i) : cache.next_position(seq_ids[b]) - Sq + i;
   // Every entry validated as the call on its own sequence, before anything is written.
-  view<const T> const pool_k = cache.page_keys(0, cache.pages()), pool_v = cache.page_values(0, cache.pages());
+  view<const S> const pool_k = cache.page_keys(0, cache.pages()), pool_v = cache.page_values(0, cache.pages());
   for (index_t b = 0; b < n; ++b) {
     index_t const id = seq_ids[b];
     attention_options<T> const ob = detail::paged_entry_options(opt, b, cache.first_position(id), cache.length(id),
                                                                 work.q_ids.data(), Sq, q.heads, stored_rotated);
-    view<const T> kb = pool_k, vb = pool_v;
+    view<const S> kb = pool_k, vb = pool_v;
     kb.seq = vb.seq = cache.length(id);
     detail::validate(detail::entry_of(q, b), kb, vb, detail::entry_of(out, b), enc, ob, w);
   }
   if (n == 0 || Sq == 0 || q.heads == 0) return;
   if constexpr (std::is_same_v<Path, path::reference> || std::is_same_v<Path, path::materialized>) {
-    std::vector<T> kbuf, vbuf;
+    std::vector<S> kbuf, vbuf;
     for (index_t b = 0; b < n; ++b) {
       index_t const id = seq_ids[b];
       attention_options<T> const ob = detail::paged_entry_options(opt, b, cache.first_position(id), cache.length(id),
                                                                   work.q_ids.data(), Sq, q.heads, stored_rotated);
-      view<const T> const kb = detail::gather_sequence(cache, id, false, kbuf);
-      view<const T> const vb = detail::gather_sequence(cache, id, true, vbuf);
-      attention<Path, T>(detail::entry_of(q, b), kb, vb, detail::entry_of(out, b), enc, ob);
+      view<const S> const kb = detail::gather_sequence(cache, id, false, kbuf);
+      view<const S> const vb = detail::gather_sequence(cache, id, true, vbuf);
+      if constexpr (std::is_same_v<S, T>)
+        posenc::attention<Path, T>(detail::entry_of(q, b), kb, vb, detail::entry_of(out, b), enc, ob);
+      else  // the 16-bit view call (float compute; path::reference accumulates in double)
+        posenc::attention<Path>(detail::entry_of(q, b), kb, vb, detail::entry_of(out, b), enc, ob);
     }
   } else {
     static_assert(std::is_same_v<Path, path::fused> || std::is_same_v<Path, path::best>,
                   "posenc::attention: Path must be path::reference, path::materialized, path::fused or path::best");
     // Queries rotated at their positions: in the kernel when the encoder's
     // rotation is reserved for every entry's length, else in a copy. The
-    // cached keys are rotated already.
-    view<const T> qk = q;
+    // cached keys are rotated already. The copy is of T (a 16-bit q widened
+    // exactly, rotated in T, never rounded).
+    view<const T> qrot{};
+    bool copied = false;
     if constexpr (detail::has_content_bias<E, T>::value) {
       // Transformer-XL's u: the kernel sees q + u (content and position terms).
-      detail::fused::paged_work<T>::fit(work.qrot, detail::checked_mul(w, sq_n, q.heads * q.dim, "q elements"));
+      detail::fused::paged_work<T, S>::fit(work.qrot, detail::checked_mul(w, sq_n, q.heads * q.dim, "q elements"));
       view<T> const qs = make_bshd(work.qrot.data(), n, Sq, q.heads, q.dim);
       for (index_t b = 0; b < n; ++b)
         for (index_t i = 0; i < Sq; ++i)
           for (index_t h = 0; h < q.heads; ++h) {
-            T const* x = q.ptr(b, i, h);
+            Q const* x = q.ptr(b, i, h);
             T const* u = enc.content_bias(h);
             T* y = qs.ptr(b, i, h);
-            for (index_t d = 0; d < q.dim; ++d) y[d] = x[d] + u[d];
+            for (index_t d = 0; d < q.dim; ++d) y[d] = detail::stored_value<T>(x[d]) + u[d];
           }
-      qk = qs;
+      qrot = qs;
+      copied = true;
     }
     detail::rotation_ids const* rots = nullptr;
     if constexpr (rotates) {
@@ -358,17 +322,18 @@ void attention(view<const detail::identity_t<T>> q, paged_kv_cache<T> const& cac
         if (reserved) {
           rots = work.rots.data();
         } else {
-          detail::fused::paged_work<T>::fit(work.qrot, detail::checked_mul(w, sq_n, q.heads * q.dim, "q elements"));
+          detail::fused::paged_work<T, S>::fit(work.qrot, detail::checked_mul(w, sq_n, q.heads * q.dim, "q elements"));
           view<T> const qr = make_bshd(work.qrot.data(), n, Sq, q.heads, q.dim);
           for (index_t b = 0; b < n; ++b)
             for (index_t i = 0; i < Sq; ++i)
               for (index_t h = 0; h < q.heads; ++h)
-                std::copy(q.ptr(b, i, h), q.ptr(b, i, h) + q.dim, qr.ptr(b, i, h));
+                detail::widen_row(q.ptr(b, i, h), q.dim, qr.ptr(b, i, h));
           for (index_t b = 0; b < n; ++b) {
             detail::rotation_ids const& r = work.rots[static_cast<std::size_t>(b)];
             enc.rotate(detail::entry_of(qr, b), position_span::ids(r.q, 1, Sq), r.length);
           }
-          qk = qr;
+          qrot = qr;
+          copied = true;
         }
       }
     }
@@ -389,7 +354,12 @@ void attention(view<const detail::identity_t<T>> q, paged_kv_cache<T> const& cac
     if (!encoder_traits<E>::relative_key_value &&
         Sq * work.plans[0].group >= Tr::lane_kernel_min_rows_v) {
       detail::plan_chunks(work, cache, seq_ids, position_limit, first_key);
-      detail::fused::run_paged_lanes(work, n, qk, out, enc, rots, pool_k.seq_stride, pool_v.seq_stride, opt.threads);
+      if (copied)
+        detail::fused::run_paged_lanes(work, n, qrot, out, enc, rots, pool_k.seq_stride, pool_v.seq_stride,
+                                       opt.threads);
+      else
+        detail::fused::run_paged_lanes(work, n, q, out, enc, rots, pool_k.seq_stride, pool_v.seq_stride,
+                                       opt.threads);
       return;
     }
     // Chunks: one per entry with one thread; with more, pieces so that every thread gets work.
@@ -400,16 +370,137 @@ void attention(view<const detail::identity_t<T>> q, paged_kv_cache<T> const& cac
       max_len = std::max<index_t>(Tr::block_kv_v, (target + Tr::block_kv_v - 1) / Tr::block_kv_v * Tr::block_kv_v);
     }
     detail::plan_chunks(work, cache, seq_ids, max_len, first_key);
-    detail::fused::run_paged(work, n, qk, out, enc, rots, pool_k.seq_stride, pool_v.seq_stride, opt.threads);
+    if (copied)
+      detail::fused::run_paged(work, n, qrot, out, enc, rots, pool_k.seq_stride, pool_v.seq_stride, opt.threads);
+    else
+      detail::fused::run_paged(work, n, q, out, enc, rots, pool_k.seq_stride, pool_v.seq_stride, opt.threads);
+  }
+}
+
+
+}  // namespace detail
+
+/// Attention of each query entry over the keys and values of one sequence of
+/// a paged_kv_cache, all entries in one call (a batched decode step: one query
+/// token per sequence, or a few for speculative decoding; or a prefill chunk).
+///
+/// Entry b of q and out belongs to sequence `seq_ids[b]` (an id may repeat).
+/// As with kv_cache, what is cached and where it sits comes from the cache:
+/// - Keys: sequence seq_ids[b]'s tokens, rotated exactly when the cache
+///   stores them rotated (`cache.keys_rotated()`); `opt.keys_rotated` is set
+///   from the cache (true over unrotated keys throws).
+/// - Key positions: token j of the sequence sits at `first_position(id) + j`;
+///   `opt.k_positions` must be unset. Key lengths: `length(id)` per entry;
+///   `opt.key_lengths` must be empty.
+/// - Query positions: by default the Sq queries of entry b are the last Sq
+///   tokens appended to its sequence: `next_position(id) - Sq + i`;
+///   `opt.q_positions` (shape (entries, Sq)) overrides it.
+/// - Masks: batch extent 1 or the number of entries; key index j is the
+///   sequence's token j (an extent past a sequence's length is cut to it, a
+///   shorter one masks the keys past it). `opt.lse` is (entries, Hq, Sq).
+/// - `opt.scores` must be null (no path produces scores here).
+/// - The encoder acts as it did on append (it rotates exactly when the cached
+///   keys are rotated; its head_dim() if any is the cache's).
+/// - transformer_xl: the sequence's tokens before the Sq queries are the
+///   segment memory; with memory_length() = M > 0 an entry attends to its last
+///   M memory keys and its Sq current keys (the keys before are skipped, not
+///   copied), and every query is shifted by the content bias u, as in the
+///   contiguous call (float and double caches; not over a 16-bit cache).
+///
+/// path::fused and path::best read the pages in place: the keys of an entry
+/// are one chunk (cut into several to keep the threads busy) that walks its
+/// runs of pages with consecutive ids, each a strided view, tile by tile with
+/// the row kernel; the chunks of an entry are merged by log-sum-exp. Work is
+/// parallel over (entry, chunk), and (kv head, row group) with Shaw terms.
+/// A prefill (Sq x group at least the lane kernel's minimum rows, no Shaw
+/// terms) runs the lane kernel's steps over each entry's runs of pages
+/// instead, parallel over (entry, kv head, query blocks).
+/// path::reference and path::materialized gather each sequence (the oracle).
+/// A cache stored in 16 bits has an overload of its own (below).
+///
+/// @param q   (entries, Sq, Hq, D), D = cache.head_dim(), Hq a multiple of cache.kv_heads()
+/// @param seq_ids entries ids of open sequences
+/// @param out (entries, Sq, Hq, cache.value_dim())
+/// @param ws  buffers kept between calls (see paged_attention_workspace)
+/// @throws posenc::error on any bad argument, before anything is written.
+template <class Path = path::best, class T, class E, std::enable_if_t<!is_half_storage_v<T>, int> = 0>
+void attention(view<const detail::identity_t<T>> q, paged_kv_cache<T> const& cache, span<const index_t> seq_ids,
+               view<detail::identity_t<T>> out, E const& enc, attention_options<detail::identity_t<T>> const& opt,
+               paged_attention_workspace<T>& ws) {
+  static_assert(has_encoder_traits_v<E>, "posenc::attention: E is not an encoder; specialize posenc::encoder_traits<E>");
+  static_assert(!encoder_traits<E>::adds_to_embeddings,
+                "posenc::attention: this encoder adds to embeddings, which the attention kernel cannot reach");
+  static_assert(detail::encoder_contract_problem<E, T>() == detail::contract_problem::none,
+                "posenc::attention: the encoder does not meet the encoder contract for T (see encoding/traits.hpp)");
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "posenc::attention: T must be float or double");
+  detail::paged_attention<Path>(q, cache, seq_ids, out, enc, opt, ws.buffers());
+}
+
+/// Attention over a paged_kv_cache stored in 16 bits (paged_kv_cache<Eigen::half>
+/// or paged_kv_cache<Eigen::bfloat16>), with the contract of the call above.
+/// The mixes of the contiguous 16-bit cache: q and out float, or both of the
+/// cache's 16-bit type (all-16-bit); options float, encoder tables float.
+/// Computed in float: path::fused and path::best read the 16-bit pages in
+/// place and widen K and V in registers (the lane kernel: each key tile once
+/// into float scratch), no float copy of the cache; a 16-bit q is widened as
+/// read, a 16-bit out rounded once per element. path::reference gathers each
+/// sequence and runs the 16-bit reference (double accumulation);
+/// path::materialized is not available. Other mixes are compile errors.
+/// @param q   (entries, Sq, Hq, D) float or S
+/// @param out (entries, Sq, Hq, cache.value_dim()) of q's type
+template <class Path = path::best, class S, class Q, class O, class E, std::enable_if_t<is_half_storage_v<S>, int> = 0>
+void attention(view<Q> q, paged_kv_cache<S> const& cache, span<const index_t> seq_ids, view<O> out, E const& enc,
+               attention_options<float> const& opt, paged_attention_workspace<S>& ws) {
+  using QS = std::remove_const_t<Q>;
+  // One sentence per misuse: each check assumes the ones above it passed.
+  constexpr bool no_double = !std::is_same_v<QS, double> && !std::is_same_v<O, double>;
+  static_assert(no_double,
+                "posenc::attention: over a 16-bit paged_kv_cache, q and out must be float or of the cache's "
+                "16-bit type; double q or out is not supported");
+  static_assert(!no_double || std::is_same_v<QS, O>,
+                "posenc::attention: q and out must have the same element type (both float, or both the "
+                "cache's 16-bit type)");
+  static_assert(!no_double || !std::is_same_v<QS, O> || std::is_same_v<QS, float> || std::is_same_v<QS, S>,
+                "posenc::attention: over a 16-bit paged_kv_cache, q and out are float or of the cache's 16-bit "
+                "type; q of the other 16-bit type is not supported");
+  static_assert(!std::is_same_v<Path, path::materialized>,
+                "posenc::attention: path::materialized is not available over a 16-bit paged_kv_cache; use "
+                "path::fused (or path::best) or path::reference");
+  static_assert(has_encoder_traits_v<E>, "posenc::attention: E is not an encoder; specialize posenc::encoder_traits<E>");
+  static_assert(!is_half_storage_v<typename detail::encoder_value_type<E>::type>,
+                "posenc::attention: encoder tables are float for now; build the encoder with float "
+                "(e.g. rope<float>, t5_bias<float>) for a 16-bit cache");
+  if constexpr (std::is_same_v<QS, O> && (std::is_same_v<QS, float> || std::is_same_v<QS, S>) &&
+                !std::is_same_v<Path, path::materialized> && has_encoder_traits_v<E>) {
+    static_assert(!encoder_traits<E>::adds_to_embeddings,
+                  "posenc::attention: this encoder adds to embeddings, which the attention kernel cannot reach");
+    static_assert(detail::encoder_contract_problem<E, float>() == detail::contract_problem::none,
+                  "posenc::attention: the encoder does not meet the encoder contract for float (see "
+                  "encoding/traits.hpp)");
+    static_assert(!detail::has_memory_length<E>::value && !detail::has_content_bias<E, float>::value,
+                  "posenc::attention: encoders with a segment memory or a content bias (transformer_xl) are not "
+                  "supported over a 16-bit paged_kv_cache");
+    if constexpr (!encoder_traits<E>::adds_to_embeddings &&
+                  detail::encoder_contract_problem<E, float>() == detail::contract_problem::none &&
+                  !detail::has_memory_length<E>::value && !detail::has_content_bias<E, float>::value)
+      detail::paged_attention<Path>(view<const QS>(q), cache, seq_ids, out, enc, opt, ws.buffers());
   }
 }
 
 /// As above with a workspace of its own (allocates its buffers on every call).
-template <class Path = path::best, class T, class E>
+template <class Path = path::best, class T, class E, std::enable_if_t<!is_half_storage_v<T>, int> = 0>
 void attention(view<const detail::identity_t<T>> q, paged_kv_cache<T> const& cache, span<const index_t> seq_ids,
                view<detail::identity_t<T>> out, E const& enc, attention_options<detail::identity_t<T>> const& opt = {}) {
   paged_attention_workspace<T> ws;
   attention<Path, T>(q, cache, seq_ids, out, enc, opt, ws);
+}
+
+/// The 16-bit call above with a workspace of its own (allocates its buffers on every call).
+template <class Path = path::best, class S, class Q, class O, class E, std::enable_if_t<is_half_storage_v<S>, int> = 0>
+void attention(view<Q> q, paged_kv_cache<S> const& cache, span<const index_t> seq_ids, view<O> out, E const& enc,
+               attention_options<float> const& opt = {}) {
+  paged_attention_workspace<S> ws;
+  attention<Path>(q, cache, seq_ids, out, enc, opt, ws);
 }
 
 }  // namespace posenc

@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <type_traits>
 #include <vector>
 
 #include "posenc/core/checked.hpp"
 #include "posenc/core/error.hpp"
+#include "posenc/core/half.hpp"
 #include "posenc/core/positions.hpp"
 #include "posenc/core/span.hpp"
 #include "posenc/core/view.hpp"
@@ -36,10 +38,16 @@ namespace posenc {
 ///
 /// Page storage: (page, token, kv_head, dim), so that a run of pages with
 /// consecutive ids is one strided (token, head, dim) view.
-/// @tparam T float or double
+/// @tparam T float or double, or a 16-bit storage type (Eigen::half,
+///         Eigen::bfloat16): append() then takes float k and v (or k and v of
+///         T), rotates the keys in float when the encoder rotates and rounds
+///         each element once (to nearest even) into the pages, as kv_cache does.
 template <class T>
 class paged_kv_cache {
  public:
+  /// Element type of the k and v that append() takes: T, or float for a 16-bit cache.
+  using input_type = std::conditional_t<is_half_storage_v<T>, float, T>;
+
   /// @param pages pages in the pool (>= 0)
   /// @param page_tokens tokens per page (1 .. 65536)
   /// @param kv_heads key/value heads; @param head_dim key dim; @param value_dim value dim (0 = head_dim)
@@ -106,8 +114,32 @@ class paged_kv_cache {
 
   /// Appends the next S tokens of one sequence: k (1, S, kv_heads, head_dim), v (1, S, kv_heads, value_dim).
   template <class E>
+  void append(index_t id, view<const input_type> k, view<const input_type> v, E const& enc) {
+    append(span<const index_t>(&id, 1), k, v, enc);
+  }
+
+  /// A 16-bit cache only: appends k and v of its own type (widened exactly,
+  /// then as the float append: stored as they are, keys rotated in float and
+  /// rounded once).
+  template <class E, class S = T, std::enable_if_t<is_half_storage_v<S>, int> = 0>
   void append(index_t id, view<const T> k, view<const T> v, E const& enc) {
     append(span<const index_t>(&id, 1), k, v, enc);
+  }
+  template <class E, class S = T, std::enable_if_t<is_half_storage_v<S>, int> = 0>
+  void append(span<const index_t> ids, view<const T> k, view<const T> v, E const& enc) {
+    char const* w = "posenc::paged_kv_cache::append";
+    detail::check_view(w, "k", k);
+    detail::check_view(w, "v", v);
+    std::vector<float> kw(static_cast<std::size_t>(k.size())), vw(static_cast<std::size_t>(v.size()));
+    view<float> const kf = make_bshd(kw.data(), k.batch, k.seq, k.heads, k.dim);
+    view<float> const vf = make_bshd(vw.data(), v.batch, v.seq, v.heads, v.dim);
+    for (index_t b = 0; b < k.batch; ++b)
+      for (index_t s = 0; s < k.seq; ++s)
+        for (index_t h = 0; h < k.heads; ++h) detail::widen_row(k.ptr(b, s, h), k.dim, kf.ptr(b, s, h));
+    for (index_t b = 0; b < v.batch; ++b)
+      for (index_t s = 0; s < v.seq; ++s)
+        for (index_t h = 0; h < v.heads; ++h) detail::widen_row(v.ptr(b, s, h), v.dim, vf.ptr(b, s, h));
+    append(ids, view<const float>(kf), view<const float>(vf), enc);
   }
 
   /// Appends the next S tokens of each sequence of `ids` (distinct):
@@ -123,7 +155,7 @@ class paged_kv_cache {
   /// rotated copies of the new keys) happens before a page is taken or
   /// written; after a failed append the cache is unchanged.
   template <class E>
-  void append(span<const index_t> ids, view<const T> k, view<const T> v, E const& enc) {
+  void append(span<const index_t> ids, view<const input_type> k, view<const input_type> v, E const& enc) {
     char const* w = "posenc::paged_kv_cache::append";
     index_t const n_ids = ids.size();
     detail::require(n_ids == 0 || ids.data() != nullptr, w, "ids.data is null, expected ", n_ids, " entries");
@@ -163,16 +195,16 @@ class paged_kv_cache {
                     " (free pages of ", pages_, "; the cache is unchanged: free sequences or use a larger pool)");
     // The new keys, rotated in a scratch copy: the encoder checks the view and
     // the positions before the cache changes.
-    view<const T> src = k;
+    view<const input_type> src = k;
     if constexpr (rotates) {
       fresh_.resize(static_cast<std::size_t>(n_ids * n * heads_ * dim_));  // fits: k passed check_view
-      view<T> f = make_bshd(fresh_.data(), n_ids, n, heads_, dim_);
+      view<input_type> f = make_bshd(fresh_.data(), n_ids, n, heads_, dim_);
       for (index_t b = 0; b < n_ids; ++b)
         for (index_t s = 0; s < n; ++s)
           for (index_t h = 0; h < heads_; ++h) std::copy(k.ptr(b, s, h), k.ptr(b, s, h) + dim_, f.ptr(b, s, h));
       for (index_t b = 0; b < n_ids; ++b) {
         index_t const p0 = next_position(ids[b]);
-        view<T> fb = f;
+        view<input_type> fb = f;
         fb.data += b * f.batch_stride;
         fb.batch = 1;
         enc.rotate(fb, position_span(p0), p0 + n);
@@ -284,7 +316,7 @@ class paged_kv_cache {
   }
   // Writes the tokens of entry b of k and v after the sequence's last token,
   // copying a shared last page first and taking new pages as needed.
-  void write_tokens(sequence& s, view<const T> k, view<const T> v, index_t b) {
+  void write_tokens(sequence& s, view<const input_type> k, view<const input_type> v, index_t b) {
     if (shared_tail(s)) {
       index_t const old = s.pages.back(), fresh = take_page();
       --refs_[static_cast<std::size_t>(old)];
@@ -298,11 +330,19 @@ class paged_kv_cache {
       if (slot == 0) s.pages.push_back(take_page());
       index_t const page = s.pages.back();
       for (index_t h = 0; h < heads_; ++h) {
-        std::copy(k.ptr(b, t, h), k.ptr(b, t, h) + dim_, token_ptr(keys_, dim_, page, slot, h));
-        std::copy(v.ptr(b, t, h), v.ptr(b, t, h) + vdim_, token_ptr(values_, vdim_, page, slot, h));
+        store_row(k.ptr(b, t, h), dim_, token_ptr(keys_, dim_, page, slot, h));
+        store_row(v.ptr(b, t, h), vdim_, token_ptr(values_, vdim_, page, slot, h));
       }
     }
     s.len += k.seq;
+  }
+  // Copies n input elements into the pages, each rounded once for a 16-bit cache.
+  static void store_row(input_type const* src, index_t n, T* dst) noexcept {
+    if constexpr (std::is_same_v<input_type, T>) {
+      std::copy(src, src + n, dst);
+    } else {
+      for (index_t d = 0; d < n; ++d) dst[d] = detail::to_storage<T>(src[d]);
+    }
   }
   view<const T> run(T const* base, index_t d, index_t page, index_t count) const noexcept {
     return {base + page * page_tokens_ * heads_ * d, 1, count * page_tokens_, heads_, d,
@@ -315,7 +355,7 @@ class paged_kv_cache {
   std::vector<T> keys_, values_;
   std::vector<index_t> refs_, free_pages_, free_slots_;
   std::vector<sequence> seqs_;
-  std::vector<T> fresh_;  // rotated copy of the keys of one append
+  std::vector<input_type> fresh_;  // rotated copy of the keys of one append (float for a 16-bit cache)
 };
 
 }  // namespace posenc

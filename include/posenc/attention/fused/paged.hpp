@@ -18,6 +18,13 @@
 // steps instead (run_paged_lanes): an item's query blocks are set up once,
 // then walk the entry's page runs, each in tiles laid from the run's first
 // key so that no tile reaches past the run.
+//
+// Pages stored in 16 bits (S = Eigen::half or Eigen::bfloat16, T = float):
+// the row kernel widens each gathered K and V row in registers as it loads
+// it; the lane kernel widens each key tile once into float scratch for all
+// the query blocks of its item (as over a contiguous 16-bit cache). Nothing
+// else of the cache is copied. A 16-bit q is widened as its rows are read, a
+// 16-bit out rounded once as each row is finished.
 // May include: the fused/ rooms above it, attention/plan.hpp, core/.
 
 #include <algorithm>
@@ -28,6 +35,7 @@
 #include "posenc/attention/fused/lane_kernel.hpp"
 #include "posenc/attention/fused/row_kernel.hpp"
 #include "posenc/attention/fused/scratch.hpp"
+#include "posenc/attention/fused/storage.hpp"
 #include "posenc/attention/fused/traits.hpp"
 #include "posenc/attention/plan.hpp"
 #include "posenc/core/aligned_buffer.hpp"
@@ -36,12 +44,13 @@
 namespace posenc::detail::fused {
 
 /// One run of keys [j0, j1) of an entry in pages with consecutive ids; `k`
-/// and `v` point at key j0, laid out (token, kv head, dim) with the cache's strides.
-template <class T>
+/// and `v` point at key j0, laid out (token, kv head, dim) with the cache's
+/// strides; elements of the cache's storage type S.
+template <class S>
 struct paged_run {
   index_t j0 = 0, j1 = 0;
-  T const* k = nullptr;
-  T const* v = nullptr;
+  S const* k = nullptr;
+  S const* v = nullptr;
 };
 
 /// One key chunk: keys [j0, j1) of call entry `entry`, the runs [r0, r1) of the run list.
@@ -49,12 +58,13 @@ struct paged_chunk {
   index_t entry = 0, j0 = 0, j1 = 0, r0 = 0, r1 = 0;
 };
 
-/// Buffers of a paged call, kept across calls (each only grows).
-template <class T>
+/// Buffers of a paged call over a cache stored as S, computed in T (kept
+/// across calls; each only grows).
+template <class T, class S = T>
 struct paged_work {
   using Tr = fused_default_traits<T>;
   std::vector<attention_plan<T>> plans;     // one per call entry (batch 1, global key indices)
-  std::vector<paged_run<T>> runs;           // every chunk's runs, chunk by chunk
+  std::vector<paged_run<S>> runs;           // every chunk's runs, chunk by chunk
   std::vector<paged_chunk> chunks;          // every entry's chunks, entry by entry
   std::vector<index_t> first_chunk;         // (entries + 1): chunks of entry b
   std::vector<index_t> q_ids;               // (entries, Sq) query positions
@@ -73,30 +83,31 @@ struct paged_work {
 /// key j - j0: the kernels index keys by the entry's global key index, so the
 /// view's base is the run's key j0 moved back by j0 tokens. Only keys j0 ..
 /// j1 - 1 of the view are ever addressed.
-template <class T>
-view<const T> chunk_view(T const* at_j0, index_t j0, index_t j1, index_t heads, index_t dim, index_t token_stride) noexcept {
+template <class S>
+view<const S> chunk_view(S const* at_j0, index_t j0, index_t j1, index_t heads, index_t dim, index_t token_stride) noexcept {
   return {at_j0 - j0 * token_stride, 1, j1, heads, dim, j1 * token_stride, token_stride, dim, 1};
 }
 
 /// The key and value rows of one key tile, gathered from the page runs: row
 /// j of the tile (key t0 + j) of kv head 0 at k[j] and v[j] (kv head hk at
-/// + hk * dim), so that a tile spans runs and pages of any size.
-template <class T>
+/// + hk * dim), so that a tile spans runs and pages of any size. Rows of
+/// storage type S, tiles of the compute type T's size.
+template <class T, class S = T>
 struct paged_tile_rows {
-  T const* k[fused_default_traits<T>::block_kv_v];
-  T const* v[fused_default_traits<T>::block_kv_v];
+  S const* k[fused_default_traits<T>::block_kv_v];
+  S const* v[fused_default_traits<T>::block_kv_v];
 };
 
 /// Fills `tr` with keys [t0, t0 + nk) of the runs from `*ri` on (the runs of
 /// the chunk, in key order, that cover those keys); leaves *ri on the run of
 /// key t0 + nk - 1.
-template <class T>
-void gather_tile_rows(paged_run<T> const* runs, index_t* ri, index_t t0, index_t nk, index_t kstride,
-                      index_t vstride, paged_tile_rows<T>& tr) noexcept {
+template <class T, class S>
+void gather_tile_rows(paged_run<S> const* runs, index_t* ri, index_t t0, index_t nk, index_t kstride,
+                      index_t vstride, paged_tile_rows<T, S>& tr) noexcept {
   index_t j = 0;
   while (j < nk) {
     while (runs[*ri].j1 <= t0 + j) ++*ri;
-    paged_run<T> const& run = runs[*ri];
+    paged_run<S> const& run = runs[*ri];
     index_t const off = t0 + j - run.j0, n = std::min(nk - j, run.j1 - run.j0 - off);
     for (index_t e = 0; e < n; ++e, ++j) {
       tr.k[j] = run.k + (off + e) * kstride;
@@ -108,29 +119,30 @@ void gather_tile_rows(paged_run<T> const* runs, index_t* ri, index_t t0, index_t
 /// Key tile [t0, t0 + nk) of kv head hk for the rows of rr, its rows
 /// gathered in `tr` (row 0 = key t0): scores, logits, one online softmax
 /// update, values, as row_tile does over a strided view; the keys arrive
-/// rotated (cached rotated). `Guard` as in row_tile.
-template <class Tr, bool Guard, class T, class E>
-void paged_row_tile(attention_plan<T> const& p, paged_tile_rows<T> const& tr, index_t tile_j, E const& enc,
+/// rotated (cached rotated), 16-bit rows widened in registers as loaded.
+/// `Guard` as in row_tile.
+template <class Tr, bool Guard, class T, class S, class E>
+void paged_row_tile(attention_plan<T> const& p, paged_tile_rows<T, S> const& tr, index_t tile_j, E const& enc,
                     index_t hk, row_rows<Tr> const& rr, index_t t0, index_t nk, row_scratch<Tr> const& sc,
                     row_state<T> st) noexcept {
   index_t const head_dim = p.head_dim, value_dim = p.value_dim;
-  listed_rows<T> const krow{tr.k + tile_j, hk * head_dim}, vrow{tr.v + tile_j, hk * value_dim};
+  listed_rows<S> const krow{tr.k + tile_j, hk * head_dim}, vrow{tr.v + tile_j, hk * value_dim};
   bool guarded = false;
   if constexpr (Guard)
     for (index_t j = 0; j < nk && !guarded; ++j) guarded = !rows_finite<Tr>(vrow(j), 0, 1, value_dim);
   // Scores of every row, each row's softmax update, then the values of every row.
   auto rows = [&](index_t, auto n) {
     constexpr int ng_v = decltype(n)::value;
-    row_scores_of<Tr, ng_v, T>(rr.q, krow, nk, head_dim, sc.s);
+    row_scores_of<Tr, ng_v, S>(rr.q, krow, nk, head_dim, sc.s);
     T al[size_v<ng_v>];
     for (int g = 0; g < ng_v; ++g) {
       row_logits<Tr>(p, enc, 0, rr, g, t0, nk, sc.s[g], sc.tmp);
       al[g] = row_softmax_update<Tr>(sc.s[g], nk, st.m[g], st.l[g]);
     }
     if (guarded)
-      row_values_of<Tr, ng_v, true, T>(sc.s, al, vrow, nk, value_dim, st.o);
+      row_values_of<Tr, ng_v, true, S>(sc.s, al, vrow, nk, value_dim, st.o);
     else
-      row_values_of<Tr, ng_v, false, T>(sc.s, al, vrow, nk, value_dim, st.o);
+      row_values_of<Tr, ng_v, false, S>(sc.s, al, vrow, nk, value_dim, st.o);
   };
   tail_block<Tr::row_group_v>(rr.n, 0, rows);
   if constexpr (encoder_traits<E>::relative_key_value)
@@ -145,8 +157,8 @@ void paged_row_tile(attention_plan<T> const& p, paged_tile_rows<T> const& tr, in
 /// A chunk that is one run of pages takes the contiguous tile step instead.
 /// Every key keeps its global index in the entry, so positions, masks and
 /// windows see it where it sits. `Guard` as in row_tile.
-template <class Tr, bool Guard, class T, class E, class StateOf>
-void paged_item(attention_plan<T> const& p, view<const T> q, paged_run<T> const* runs, paged_chunk const& ch,
+template <class Tr, bool Guard, class T, class Q, class S, class E, class StateOf>
+void paged_item(attention_plan<T> const& p, view<const Q> q, paged_run<S> const* runs, paged_chunk const& ch,
                 index_t u0, index_t u1, index_t groups, index_t kstride, index_t vstride, E const& enc,
                 rotation_ids const* rot, row_scratch<Tr> const& sc, row_rows<Tr>* rr, StateOf const& states) noexcept {
   constexpr index_t rg_v = Tr::row_group_v, bk_v = Tr::block_kv_v;
@@ -165,9 +177,9 @@ void paged_item(attention_plan<T> const& p, view<const T> q, paged_run<T> const*
   if (ch.r1 - ch.r0 == 1) {
     // One run of pages with consecutive ids: a strided view, walked by the
     // contiguous decode's own tile step (no row lists to gather).
-    paged_run<T> const& run = runs[ch.r0];
-    view<const T> const k = chunk_view(run.k, run.j0, run.j1, p.kv_heads, p.head_dim, kstride);
-    view<const T> const v = chunk_view(run.v, run.j0, run.j1, p.kv_heads, p.value_dim, vstride);
+    paged_run<S> const& run = runs[ch.r0];
+    view<const S> const k = chunk_view(run.k, run.j0, run.j1, p.kv_heads, p.head_dim, kstride);
+    view<const S> const v = chunk_view(run.v, run.j0, run.j1, p.kv_heads, p.value_dim, vstride);
     for (index_t t0 = first; t0 < last; t0 += bk_v) {
       index_t const nk = std::min(bk_v, last - t0);
       for (index_t u = u0; u < u1; ++u) {
@@ -178,7 +190,7 @@ void paged_item(attention_plan<T> const& p, view<const T> q, paged_run<T> const*
     }
     return;
   }
-  paged_tile_rows<T> tr;
+  paged_tile_rows<T, S> tr;
   index_t ri = ch.r0;
   for (index_t t0 = first; t0 < last; t0 += bk_v) {
     index_t const nk = std::min(bk_v, last - t0);
@@ -195,34 +207,50 @@ void paged_item(attention_plan<T> const& p, view<const T> q, paged_run<T> const*
 /// Every tile of blocks [0, nb) over one page run, the keys [span.first,
 /// span.last) of the run starting at key `j0` (c.k and c.v view that run):
 /// the steps of lane_item_tiles, with the tiles laid from j0 so that none
-/// reaches outside the run. Keys arrive rotated (cached rotated).
-template <class Tr, bool Guard, class E>
-void paged_lane_tiles(lane_item_context<Tr, E> const& c, lane_scratch<Tr> const& sc, block_keys<Tr> const* keys,
-                      index_t nb, key_range span, index_t j0) noexcept {
+/// reaches outside the run. Keys arrive rotated (cached rotated); 16-bit K
+/// and V of a tile are widened once into float scratch (lane_widen_tile), for
+/// every block that uses the tile.
+template <class Tr, bool Guard, class E, class KV, class Q, class O>
+void paged_lane_tiles(lane_item_context<Tr, E, KV, Q, O> const& c, lane_scratch<Tr> const& sc,
+                      block_keys<Tr> const* keys, index_t nb, key_range span, index_t j0) noexcept {
   using T = typename Tr::value_type;
   constexpr index_t bq_v = Tr::block_q_v, bk_v = Tr::block_kv_v;
   attention_plan<T> const& p = c.p;
+  index_t const ldv = lane_value_stride(c);
   lane_logits<Tr> logit{static_cast<T>(p.scale), static_cast<T>(p.softcap),
                         p.softcap > 0 ? T(1) / static_cast<T>(p.softcap) : T(0), {}, 0, sc.bt, sc.diag, sc.rlo, sc.rhi};
   index_t const t_begin = span.first >= span.last ? span.last : j0 + (span.first - j0) / bk_v * bk_v;
   for (index_t t0 = t_begin; t0 < span.last; t0 += bk_v) {
     index_t const nk = std::min(bk_v, span.last - t0);
-    T const* const kt = c.k.ptr(0, t0, c.hk);
-    T const* const vt = c.v.ptr(0, t0, c.hk);
+    // K and V of T read in place; 16-bit ones from ktile and vtile once widened.
+    T const* kt = nullptr;
+    index_t ldk = p.head_dim;
+    T const* vt = sc.vtile;
+    if constexpr (std::is_same_v<KV, T>) {
+      kt = c.k.ptr(0, t0, c.hk);
+      ldk = c.k.seq_stride;
+      vt = c.v.ptr(0, t0, c.hk);
+    }
     bool const diagonal_ready = c.diagonal_bias && keys_consecutive(p, 0, t0, nk);
     int v_finite = -1;  // V of the tile all finite: tested once, for every block that uses the tile
     for (index_t t = 0; t < nb; ++t) {
       tile_plan const tp = plan_tile(keys[t], t0, nk, c.per_key_terms, diagonal_ready);
       if (tp.kind == tile_kind::skipped) continue;
+      if constexpr (!std::is_same_v<KV, T>) {
+        if (!kt) {
+          lane_widen_tile(c, sc, t0, nk);
+          kt = sc.ktile;
+        }
+      }
       auto const& bb = sc.blocks[t];
       index_t const nvec = lane_vectors<Tr>(keys[t].rows);
-      lane_tile_scores<Tr>(kt, c.k.seq_stride, tp.keys, p.head_dim, bb.qt, nvec, sc.st);
+      lane_tile_scores<Tr>(kt, ldk, tp.keys, p.head_dim, bb.qt, nvec, sc.st);
       lane_tile_terms(c, sc, keys[t], tp, t0, nk, nvec);
       logit.tp = tp;
       logit.nk = nk;
       lane_softmax_update<Tr>(sc.st, bq_v, tp.keys, nvec, bb.m, bb.l, bb.alpha, logit);
-      if (Guard && v_finite < 0) v_finite = rows_finite<Tr>(vt, c.v.seq_stride, nk, p.value_dim) ? 1 : 0;
-      lane_tile_values<Tr>(vt, c.v.seq_stride, tp.keys, p.value_dim, sc.st, nvec, bb.alpha, bb.ot, v_finite == 0);
+      if (Guard && v_finite < 0) v_finite = rows_finite<Tr>(vt, ldv, nk, p.value_dim) ? 1 : 0;
+      lane_tile_values<Tr>(vt, ldv, tp.keys, p.value_dim, sc.st, nvec, bb.alpha, bb.ot, v_finite == 0);
     }
   }
 }
@@ -231,9 +259,10 @@ void paged_lane_tiles(lane_item_context<Tr, E> const& c, lane_scratch<Tr> const&
 /// blocks_per_item_v query blocks), each walking every run of its entry's one
 /// chunk (`w` planned with one chunk per entry); writes out (entries, Sq, Hq,
 /// Dv) and the lse of each plan. Arguments as run_paged. The encoder has no
-/// relative key or value terms (Shaw runs the row kernel).
-template <class T, class E>
-void run_paged_lanes(paged_work<T>& w, index_t entries, view<const T> q, view<T> out, E const& enc,
+/// relative key or value terms (Shaw runs the row kernel). Pages of S (T, or
+/// a 16-bit type: the scratch then holds a widened value tile as well).
+template <class T, class S, class Q, class O, class E>
+void run_paged_lanes(paged_work<T, S>& w, index_t entries, view<const Q> q, view<O> out, E const& enc,
                      rotation_ids const* rots, index_t kstride, index_t vstride, int threads_requested) {
   using Tr = fused_default_traits<T>;
   constexpr index_t bq_v = Tr::block_q_v;
@@ -241,7 +270,8 @@ void run_paged_lanes(paged_work<T>& w, index_t entries, view<const T> q, view<T>
   attention_plan<T> const& p0 = w.plans[0];
   index_t const kv_heads = p0.kv_heads, rows = p0.q_len * p0.group;
   int const threads = loop_threads(threads_requested);
-  index_t const per_thread = scratch_elements<lane_scratch<Tr>>(p0.head_dim, p0.value_dim);
+  index_t const widened_value_dim = std::is_same_v<S, T> ? 0 : p0.value_dim;
+  index_t const per_thread = scratch_elements<lane_scratch<Tr>>(p0.head_dim, p0.value_dim, widened_value_dim);
   paged_work<T>::fit(w.scratch, per_thread * threads);
   index_t const nblocks = (rows + bq_v - 1) / bq_v;
   // Fewer blocks per item when that is what keeps every thread busy.
@@ -256,28 +286,29 @@ void run_paged_lanes(paged_work<T>& w, index_t entries, view<const T> q, view<T>
     paged_chunk const& ch = w.chunks[static_cast<std::size_t>(w.first_chunk[static_cast<std::size_t>(b)])];
     int const tid = std::min(thread_index(), threads - 1);
     auto const sc = carve_scratch<lane_scratch<Tr>>(w.scratch.data() + tid * per_thread, per_thread, p.head_dim,
-                                                    p.value_dim);
-    view<const T> qb = q;
+                                                    p.value_dim, widened_value_dim);
+    view<const Q> qb = q;
     qb.data += b * q.batch_stride;
     qb.batch = 1;
-    view<T> ob = out;
+    view<O> ob = out;
     ob.data += b * out.batch_stride;
     ob.batch = 1;
     rotation_ids const* const rot = rots ? rots + b : nullptr;
     bool const per_key = has_bias || p.has_masks();
     bool const diagonal = has_bias && !p.has_masks() && bias_shift_invariant(enc);
-    lane_item_context<Tr, E> const c{p, qb, qb, qb, ob, enc, rot, 0, hk, per_key, diagonal};
+    view<const S> const none{};  // the setup and finish steps read no key
+    lane_item_context<Tr, E, S, Q, O> const c{p, qb, none, none, ob, enc, rot, 0, hk, per_key, diagonal};
     block_keys<Tr> keys[Tr::blocks_per_item_v];
     // Setup, then every run of the entry; again with the guard when an output is not finite.
     auto walk = [&](auto guard) {
       key_range const span = lane_begin_blocks(c, sc, keys, blk0, nb);
       for (index_t ri = ch.r0; ri < ch.r1; ++ri) {
-        paged_run<T> const& run = w.runs[static_cast<std::size_t>(ri)];
+        paged_run<S> const& run = w.runs[static_cast<std::size_t>(ri)];
         key_range const part{std::max(span.first, run.j0), std::min(span.last, run.j1), false};
         if (part.empty()) continue;
-        view<const T> const k = chunk_view(run.k, run.j0, run.j1, p.kv_heads, p.head_dim, kstride);
-        view<const T> const v = chunk_view(run.v, run.j0, run.j1, p.kv_heads, p.value_dim, vstride);
-        lane_item_context<Tr, E> const cr{p, qb, k, v, ob, enc, rot, 0, hk, per_key, diagonal};
+        view<const S> const k = chunk_view(run.k, run.j0, run.j1, p.kv_heads, p.head_dim, kstride);
+        view<const S> const v = chunk_view(run.v, run.j0, run.j1, p.kv_heads, p.value_dim, vstride);
+        lane_item_context<Tr, E, S, Q, O> const cr{p, qb, k, v, ob, enc, rot, 0, hk, per_key, diagonal};
         paged_lane_tiles<Tr, decltype(guard)::value>(cr, sc, keys, nb, part, run.j0);
       }
     };
@@ -291,9 +322,10 @@ void run_paged_lanes(paged_work<T>& w, index_t entries, view<const T> q, view<T>
 /// Hq, Dv) and the lse of each plan (plans 0 .. entries - 1 of `w`).
 /// `rots`: per entry, the rotation of its query rows done in the kernel
 /// (keys arrive rotated); null: q (entries, Sq, Hq, D) arrives rotated or
-/// needs no rotation. Key views: token strides `kstride`, `vstride`.
-template <class T, class E>
-void run_paged(paged_work<T>& w, index_t entries, view<const T> q, view<T> out, E const& enc,
+/// needs no rotation. Key views: token strides `kstride`, `vstride`. Pages
+/// of S (T, or a 16-bit type widened in registers as loaded).
+template <class T, class S, class Q, class O, class E>
+void run_paged(paged_work<T, S>& w, index_t entries, view<const Q> q, view<O> out, E const& enc,
                rotation_ids const* rots, index_t kstride, index_t vstride, int threads_requested) {
   using Tr = fused_default_traits<T>;
   constexpr index_t rg_v = Tr::row_group_v;
@@ -324,7 +356,7 @@ void run_paged(paged_work<T>& w, index_t entries, view<const T> q, view<T> out, 
     return row_state<T>{ms + slot, ls + slot, os + slot * value_dim};
   };
   auto entry_q = [&](index_t b) {
-    view<const T> qb = q;
+    view<const Q> qb = q;
     qb.data += b * q.batch_stride;
     qb.batch = 1;
     return qb;
@@ -337,7 +369,7 @@ void run_paged(paged_work<T>& w, index_t entries, view<const T> q, view<T> out, 
     int const tid = std::min(thread_index(), threads - 1);
     auto const sc = carve_scratch<row_scratch<Tr>>(w.scratch.data() + tid * per_thread, per_thread, head_dim,
                                                    query_rows);
-    view<const T> const qb = entry_q(ch.entry);
+    view<const Q> const qb = entry_q(ch.entry);
     rotation_ids const* const rot = rots ? rots + ch.entry : nullptr;
     index_t const u0 = decode ? 0 : it % per_chunk, u1 = decode ? per_chunk : u0 + 1;
     auto state_of = [&](index_t u) { return state_at(c, u / groups, u % groups); };
@@ -359,7 +391,7 @@ void run_paged(paged_work<T>& w, index_t entries, view<const T> q, view<T> out, 
     index_t const c0 = w.first_chunk[static_cast<std::size_t>(b)];
     index_t const n = w.first_chunk[static_cast<std::size_t>(b) + 1] - c0;
     attention_plan<T> const& p = w.plans[static_cast<std::size_t>(b)];
-    view<T> ob = out;
+    view<O> ob = out;
     ob.data += b * out.batch_stride;
     ob.batch = 1;
     row_state<T> const st = state_at(c0, hk, grp);

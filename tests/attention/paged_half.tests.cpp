@@ -1,0 +1,516 @@
+// SPDX-License-Identifier: MIT
+// paged_kv_cache<Eigen::half> and paged_kv_cache<Eigen::bfloat16>: storage rounded once, forks, errors, and
+// attention over 16-bit pages equal to the contiguous 16-bit cache and to the reference on the widened values.
+#include <posenc/attention/attention.hpp>
+#include <posenc/attention/kv_cache.hpp>
+#include <posenc/attention/paged_attention.hpp>
+#include <posenc/attention/paged_kv_cache.hpp>
+#include <posenc/core/half.hpp>
+#include <posenc/encoding/alibi.hpp>
+#include <posenc/encoding/none.hpp>
+#include <posenc/encoding/rope.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "support/catch.hpp"
+#include "support/random.hpp"
+#include "support/tolerance.hpp"
+
+using posenc::index_t;
+using posenc_test::random_vector;
+
+namespace {
+
+constexpr index_t W = posenc::simd::width<float>;
+index_t const Hq = 4, Hkv = 2, D = 2 * W + 2, Dv = W + 3;
+
+/// One 16-bit ulp at 1 for S: 2^-10 (binary16), 2^-7 (bfloat16).
+template <class S>
+constexpr double epsilon16_v = std::is_same_v<S, Eigen::bfloat16> ? 1.0 / 128 : 1.0 / 1024;
+
+template <class S>
+std::uint16_t bits(S x) {
+  return Eigen::numext::bit_cast<std::uint16_t>(x);
+}
+
+// Keys, values and queries of one sequence (float), rows (len, heads, dim).
+struct tokens {
+  std::vector<float> k, v, q;
+  tokens(index_t len, std::uint64_t seed)
+      : k(random_vector<float>(static_cast<std::size_t>(len * Hkv * D), seed, -2, 2)),
+        v(random_vector<float>(static_cast<std::size_t>(len * Hkv * Dv), seed + 1)),
+        q(random_vector<float>(static_cast<std::size_t>(len * Hq * D), seed + 2, -2, 2)) {}
+  posenc::view<const float> keys(index_t s, index_t n) const { return part(k, s, n, Hkv, D); }
+  posenc::view<const float> values(index_t s, index_t n) const { return part(v, s, n, Hkv, Dv); }
+  static posenc::view<const float> part(std::vector<float> const& x, index_t s, index_t n, index_t h, index_t d) {
+    return posenc::make_bshd(x.data() + s * h * d, 1, n, h, d);
+  }
+};
+
+template <class F>
+void for_each_encoder(F&& f) {
+  f("none", posenc::none{});
+  f("rope", posenc::rope<float>(posenc::rope_layout::half_split, D));
+  f("alibi", posenc::alibi<float>(posenc::alibi_form::paper, Hq));
+}
+
+/// Three sequences of different lengths (first positions 0, 5, 0) appended in
+/// interleaved steps (their pages alternate), then sequence 3 forked from 0
+/// and both continued differently; beside them, one contiguous kv_cache<S>
+/// and one paged_kv_cache<float> per sequence, fed the same appends.
+template <class S>
+struct scene {
+  static constexpr index_t n_seq = 4;
+  posenc::paged_kv_cache<S> paged;
+  posenc::paged_kv_cache<float> wide;  // the same appends in float (keys rotated in float)
+  std::vector<posenc::kv_cache<S>> flat;
+  std::vector<tokens> toks;
+  std::vector<index_t> ids, wide_ids, used;  // used: tokens of toks[s] consumed
+
+  template <class E>
+  scene(index_t page, E const& enc)
+      : paged(64, page, Hkv, D, Dv), wide(64, page, Hkv, D, Dv) {
+    index_t const firsts[3] = {0, 5, 0};
+    for (index_t s = 0; s < n_seq; ++s) toks.emplace_back(160, 100 + 10 * static_cast<std::uint64_t>(s));
+    used.assign(n_seq, 0);
+    for (index_t s = 0; s < 3; ++s) {
+      ids.push_back(paged.add_sequence(firsts[s]));
+      wide_ids.push_back(wide.add_sequence(firsts[s]));
+      flat.emplace_back(index_t(1), Hkv, D, Dv, firsts[s]);
+    }
+    // Interleaved appends of 7, 3 and 11 tokens, four rounds: lengths 28, 12, 44.
+    index_t const step[3] = {7, 3, 11};
+    for (int round = 0; round < 4; ++round)
+      for (index_t s = 0; s < 3; ++s) append(s, s, step[s], enc);
+    // A batched append of 2 tokens to sequences 0 and 2 at once (k and v of 2 entries).
+    append_batched(enc);
+    // Fork 0 -> 3 (the fork's tokens start from sequence 0's); both continue.
+    ids.push_back(paged.fork(ids[0]));
+    wide_ids.push_back(wide.fork(wide_ids[0]));
+    flat.push_back(flat[0]);
+    toks[3] = toks[0];
+    used[3] = used[0];
+    toks[3].k = random_vector<float>(toks[3].k.size(), 999, -2, 2);  // a different continuation
+    toks[3].v = random_vector<float>(toks[3].v.size(), 998);
+    append(0, 0, 9, enc);
+    append(3, 3, 21, enc);
+  }
+  // Appends the next n tokens of toks[s] to sequence s in all three caches.
+  template <class E>
+  void append(index_t s, index_t, index_t n, E const& enc) {
+    tokens const& t = toks[static_cast<std::size_t>(s)];
+    index_t const u = used[static_cast<std::size_t>(s)];
+    paged.append(ids[static_cast<std::size_t>(s)], t.keys(u, n), t.values(u, n), enc);
+    wide.append(wide_ids[static_cast<std::size_t>(s)], t.keys(u, n), t.values(u, n), enc);
+    flat[static_cast<std::size_t>(s)].append(t.keys(u, n), t.values(u, n), enc);
+    used[static_cast<std::size_t>(s)] += n;
+  }
+  template <class E>
+  void append_batched(E const& enc) {
+    index_t const n = 2;
+    std::vector<float> k(static_cast<std::size_t>(2 * n * Hkv * D)), v(static_cast<std::size_t>(2 * n * Hkv * Dv));
+    index_t const which[2] = {0, 2};
+    for (index_t b = 0; b < 2; ++b) {
+      tokens const& t = toks[static_cast<std::size_t>(which[b])];
+      index_t const u = used[static_cast<std::size_t>(which[b])];
+      std::copy_n(t.k.begin() + u * Hkv * D, n * Hkv * D, k.begin() + b * n * Hkv * D);
+      std::copy_n(t.v.begin() + u * Hkv * Dv, n * Hkv * Dv, v.begin() + b * n * Hkv * Dv);
+    }
+    auto const kv = posenc::make_bshd(static_cast<float const*>(k.data()), 2, n, Hkv, D);
+    auto const vv = posenc::make_bshd(static_cast<float const*>(v.data()), 2, n, Hkv, Dv);
+    index_t const pid[2] = {ids[0], ids[2]}, wid[2] = {wide_ids[0], wide_ids[2]};
+    paged.append(posenc::span<const index_t>(pid, 2), kv, vv, enc);
+    wide.append(posenc::span<const index_t>(wid, 2), kv, vv, enc);
+    for (index_t b = 0; b < 2; ++b) {
+      index_t const s = which[b];
+      tokens const& t = toks[static_cast<std::size_t>(s)];
+      flat[static_cast<std::size_t>(s)].append(t.keys(used[static_cast<std::size_t>(s)], n),
+                                               t.values(used[static_cast<std::size_t>(s)], n), enc);
+      used[static_cast<std::size_t>(s)] += n;
+    }
+  }
+};
+
+/// Key (or value) element (t, h, d) of sequence id, read through the page table.
+template <class T>
+T stored(posenc::paged_kv_cache<T> const& c, index_t id, bool values, index_t t, index_t h, index_t d) {
+  index_t const page = c.page_table(id)[t / c.page_tokens()];
+  posenc::view<const T> const x = values ? c.page_values(page, 1) : c.page_keys(page, 1);
+  return x(0, t % c.page_tokens(), h, d);
+}
+
+/// Property 1: every stored key and value is the float one (keys rotated in
+/// float) rounded once; the contiguous 16-bit cache holds the same bits.
+template <class S>
+bool stored_rounded_once(scene<S> const& sc) {
+  bool ok = true;
+  for (index_t s = 0; s < scene<S>::n_seq; ++s) {
+    index_t const id = sc.ids[static_cast<std::size_t>(s)], wid = sc.wide_ids[static_cast<std::size_t>(s)];
+    posenc::kv_cache<S> const& f = sc.flat[static_cast<std::size_t>(s)];
+    ok = ok && sc.paged.length(id) == f.length() && sc.paged.next_position(id) == f.next_position();
+    for (index_t t = 0; t < sc.paged.length(id); ++t)
+      for (index_t h = 0; h < Hkv; ++h) {
+        for (index_t d = 0; d < D; ++d) {
+          S const got = stored(sc.paged, id, false, t, h, d);
+          ok = ok && bits(got) == bits(posenc::detail::to_storage<S>(stored(sc.wide, wid, false, t, h, d)));
+          ok = ok && bits(got) == bits(f.keys()(0, t, h, d));
+        }
+        for (index_t d = 0; d < Dv; ++d) {
+          S const got = stored(sc.paged, id, true, t, h, d);
+          ok = ok && bits(got) == bits(posenc::detail::to_storage<S>(stored(sc.wide, wid, true, t, h, d)));
+          ok = ok && bits(got) == bits(f.values()(0, t, h, d));
+        }
+      }
+  }
+  return ok;
+}
+
+/// The query entries of a call: sequence s's entry has Sq queries from toks[s].q.
+template <class QS>
+std::vector<QS> make_queries(std::vector<tokens> const& toks, index_t Sq) {
+  std::vector<QS> q(static_cast<std::size_t>(static_cast<index_t>(toks.size()) * Sq * Hq * D));
+  for (std::size_t s = 0; s < toks.size(); ++s)
+    for (index_t n = 0; n < Sq * Hq * D; ++n)
+      q[s * static_cast<std::size_t>(Sq * Hq * D) + static_cast<std::size_t>(n)] =
+          posenc::detail::to_storage<QS>(toks[s].q[static_cast<std::size_t>(n)]);
+  return q;
+}
+
+template <class QS>
+std::vector<float> widened(std::vector<QS> const& x) {
+  std::vector<float> r(x.size());
+  for (std::size_t n = 0; n < x.size(); ++n) r[n] = posenc::detail::stored_value<float>(x[n]);
+  return r;
+}
+
+/// The paged call over every sequence with Sq queries each (q and out of QS).
+template <class Path, class QS, class S, class E>
+std::vector<float> run_paged(scene<S> const& sc, std::vector<QS> const& q, index_t Sq, E const& enc,
+                             posenc::attention_options<float> const& opt) {
+  index_t const n = scene<S>::n_seq;
+  std::vector<QS> out(static_cast<std::size_t>(n * Sq * Hq * Dv), posenc::detail::to_storage<QS>(-7.0f));
+  posenc::attention<Path>(posenc::make_bshd(q.data(), n, Sq, Hq, D), sc.paged,
+                          posenc::span<const index_t>(sc.ids.data(), n), posenc::make_bshd(out.data(), n, Sq, Hq, Dv),
+                          enc, opt);
+  return widened(out);
+}
+
+/// Each sequence alone over its contiguous kv_cache<S>, fused path (q and out of QS).
+template <class QS, class S, class E>
+std::vector<float> run_flat(scene<S> const& sc, std::vector<QS> const& q, index_t Sq, E const& enc,
+                            posenc::attention_options<float> const& opt) {
+  index_t const n = scene<S>::n_seq;
+  std::vector<QS> out(static_cast<std::size_t>(n * Sq * Hq * Dv), posenc::detail::to_storage<QS>(-7.0f));
+  for (index_t s = 0; s < n; ++s)
+    posenc::attention<posenc::path::fused>(posenc::make_bshd(q.data() + s * Sq * Hq * D, 1, Sq, Hq, D),
+                                           sc.flat[static_cast<std::size_t>(s)],
+                                           posenc::make_bshd(out.data() + s * Sq * Hq * Dv, 1, Sq, Hq, Dv), enc, opt);
+  return widened(out);
+}
+
+/// Each sequence alone on float views of its widened cached keys and values
+/// (keys as cached: rotated when stored rotated), with Path (the double
+/// reference, or the plain float implementation of the tolerance rule).
+template <class Path, class S, class E>
+std::vector<float> run_widened(scene<S> const& sc, std::vector<float> const& q, index_t Sq, E const& enc,
+                               posenc::attention_options<float> const& opt) {
+  index_t const n = scene<S>::n_seq;
+  std::vector<float> out(static_cast<std::size_t>(n * Sq * Hq * Dv), -7.0f);
+  for (index_t s = 0; s < n; ++s) {
+    index_t const id = sc.ids[static_cast<std::size_t>(s)], L = sc.paged.length(id);
+    std::vector<float> k(static_cast<std::size_t>(L * Hkv * D)), v(static_cast<std::size_t>(L * Hkv * Dv));
+    for (index_t t = 0; t < L; ++t)
+      for (index_t h = 0; h < Hkv; ++h) {
+        for (index_t d = 0; d < D; ++d)
+          k[static_cast<std::size_t>((t * Hkv + h) * D + d)] =
+              posenc::detail::stored_value<float>(stored(sc.paged, id, false, t, h, d));
+        for (index_t d = 0; d < Dv; ++d)
+          v[static_cast<std::size_t>((t * Hkv + h) * Dv + d)] =
+              posenc::detail::stored_value<float>(stored(sc.paged, id, true, t, h, d));
+      }
+    posenc::attention_options<float> o = opt;
+    o.keys_rotated = sc.paged.keys_rotated();
+    o.k_positions = posenc::position_span(sc.paged.first_position(id));
+    o.q_positions = posenc::position_span(sc.paged.next_position(id) - Sq);
+    posenc::attention<Path>(posenc::make_bshd(q.data() + s * Sq * Hq * D, 1, Sq, Hq, D),
+                            posenc::make_bshd(static_cast<float const*>(k.data()), 1, L, Hkv, D),
+                            posenc::make_bshd(static_cast<float const*>(v.data()), 1, L, Hkv, Dv),
+                            posenc::make_bshd(out.data() + s * Sq * Hq * Dv, 1, Sq, Hq, Dv), enc, o);
+  }
+  return out;
+}
+
+bool same_bits(std::vector<float> const& a, std::vector<float> const& b) {
+  bool ok = a.size() == b.size();
+  for (std::size_t n = 0; ok && n < a.size(); ++n) ok = a[n] == b[n] || (std::isnan(a[n]) && std::isnan(b[n]));
+  return ok;
+}
+
+/// Every check of one (S, page size, encoder, options, query count), for
+/// float q and out and for all-16-bit q and out:
+/// 2. paged fused == each sequence alone over its contiguous kv_cache<S> (fused),
+///    bit for bit where the order of operations is the same (one thread: the
+///    decode row kernel walks the same tiles), else by the tolerance rule;
+/// 3. paged fused and paged reference vs the double reference on the widened
+///    values: within 2x the plain float implementation's error + one 16-bit
+///    ulp of the output (all-16-bit: the plain output rounded once);
+/// 4. paged reference == the double reference on the widened values, rounded
+///    to the output type (the same computation).
+template <class S, class E>
+void check_attention(scene<S> const& sc, E const& enc, posenc::attention_options<float> const& opt, index_t Sq,
+                     bool exact, std::string const& what) {
+  double const eps = epsilon16_v<S>;
+  // float q and out
+  std::vector<float> const qf = make_queries<float>(sc.toks, Sq);
+  std::vector<float> const fused = run_paged<posenc::path::fused>(sc, qf, Sq, enc, opt);
+  std::vector<float> const best = run_paged<posenc::path::best>(sc, qf, Sq, enc, opt);
+  std::vector<float> const refp = run_paged<posenc::path::reference>(sc, qf, Sq, enc, opt);
+  std::vector<float> const flat = run_flat(sc, qf, Sq, enc, opt);
+  std::vector<float> const ref = run_widened<posenc::path::reference>(sc, qf, Sq, enc, opt);
+  std::vector<float> const plain = run_widened<posenc_test::plain_path>(sc, qf, Sq, enc, opt);
+  INFO(what << " (float q and out)");
+  CHECK(same_bits(fused, best));
+  if (exact) {
+    CHECK(same_bits(fused, flat));
+  } else {
+    auto const r = posenc_test::within_tolerance(fused, ref, plain, 1e-6);
+    auto const rf = posenc_test::within_tolerance(flat, ref, plain, 1e-6);
+    INFO("paged " << r.describe() << "; contiguous " << rf.describe());
+    CHECK(r.ok);
+    CHECK(rf.ok);
+  }
+  auto const rep = posenc_test::within_tolerance(fused, ref, plain, eps);
+  INFO("paged fused vs reference on the widened values: " << rep.describe());
+  CHECK(rep.ok);
+  CHECK(same_bits(refp, ref));
+
+  // all-16-bit q and out: q rounded to S, the reference on its float values.
+  std::vector<S> const qh = make_queries<S>(sc.toks, Sq);
+  std::vector<float> const qw = widened(qh);
+  std::vector<float> const f16 = run_paged<posenc::path::fused>(sc, qh, Sq, enc, opt);
+  std::vector<float> const r16 = run_paged<posenc::path::reference>(sc, qh, Sq, enc, opt);
+  std::vector<float> const flat16 = run_flat(sc, qh, Sq, enc, opt);
+  std::vector<float> const ref16 = run_widened<posenc::path::reference>(sc, qw, Sq, enc, opt);
+  std::vector<float> plain16 = run_widened<posenc_test::plain_path>(sc, qw, Sq, enc, opt);
+  for (float& x : plain16) x = posenc::detail::stored_value<float>(posenc::detail::to_storage<S>(x));
+  std::vector<float> ref16_rounded = ref16;
+  for (float& x : ref16_rounded) x = posenc::detail::stored_value<float>(posenc::detail::to_storage<S>(x));
+  INFO(what << " (all-16-bit q and out)");
+  if (exact) CHECK(same_bits(f16, flat16));
+  auto const rep16 = posenc_test::within_tolerance(f16, ref16, plain16, eps);
+  auto const rep16r = posenc_test::within_tolerance(r16, ref16, plain16, eps);
+  INFO("paged fused: " << rep16.describe() << "; paged reference: " << rep16r.describe());
+  CHECK(rep16.ok);
+  CHECK(rep16r.ok);
+  CHECK(same_bits(r16, ref16_rounded));
+}
+
+template <class S>
+void check_all(char const* format) {
+  for (index_t page : {index_t(16), index_t(64)})
+    for_each_encoder([&](char const* name, auto const& enc) {
+      scene<S> const sc(page, enc);
+      std::string const base = std::string(format) + " page " + std::to_string(page) + " " + name;
+      INFO(base);
+      CHECK(stored_rounded_once(sc));
+      for (bool causal : {false, true}) {
+        posenc::attention_options<float> opt;
+        opt.causal = causal;
+        opt.threads = 1;
+        std::string const what = base + (causal ? " causal" : " not causal");
+        check_attention(sc, enc, opt, 1, true, what + " decode, 1 thread");
+        check_attention(sc, enc, opt, 3, true, what + " 3 queries, 1 thread");
+        // The lane kernel lays its key tiles from each run of consecutive
+        // pages: the same tiles as over the contiguous cache when pages hold
+        // whole tiles (and the same results bit for bit), else other tiles.
+        bool const whole_tiles = page % posenc::detail::fused_default_traits<float>::block_kv_v == 0;
+        check_attention(sc, enc, opt, W, whole_tiles, what + " prefill chunk (lane kernel)");
+        opt.threads = 2;
+        check_attention(sc, enc, opt, 1, false, what + " decode, 2 threads");
+      }
+    });
+}
+
+}  // namespace
+
+TEST_CASE("paged_kv_cache<half>: stored values rounded once, attention equals the contiguous 16-bit cache",
+          "[paged][half]") {
+  check_all<Eigen::half>("binary16");
+}
+
+TEST_CASE("paged_kv_cache<bfloat16>: stored values rounded once, attention equals the contiguous 16-bit cache",
+          "[paged][half]") {
+  check_all<Eigen::bfloat16>("bfloat16");
+}
+
+namespace {
+
+/// Keys and values of sequence id, as stored (bits), read through its page table.
+template <class S>
+std::vector<std::uint16_t> snapshot(posenc::paged_kv_cache<S> const& c, index_t id) {
+  std::vector<std::uint16_t> r;
+  for (index_t t = 0; t < c.length(id); ++t)
+    for (index_t h = 0; h < Hkv; ++h) {
+      for (index_t d = 0; d < D; ++d) r.push_back(bits(stored(c, id, false, t, h, d)));
+      for (index_t d = 0; d < Dv; ++d) r.push_back(bits(stored(c, id, true, t, h, d)));
+    }
+  return r;
+}
+
+template <class S>
+void check_fork(char const* format) {
+  INFO(format);
+  posenc::rope<float> const rope(posenc::rope_layout::interleaved, D);
+  tokens const t(64, 7), u(64, 8);
+  posenc::paged_kv_cache<S> c(16, 16, Hkv, D, Dv);
+  index_t const a = c.add_sequence();
+  c.append(a, t.keys(0, 21), t.values(0, 21), rope);  // one full page and 5 tokens of a second
+  index_t const b = c.fork(a);
+  std::vector<std::uint16_t> const before_a = snapshot(c, a), before_b = snapshot(c, b);
+  CHECK(before_a == before_b);
+  for (index_t p : c.page_table(a)) CHECK(c.page_references(p) == 2);
+  // Appends to the fork copy its shared, partly filled last page: a keeps its keys.
+  c.append(b, u.keys(0, 14), u.values(0, 14), rope);
+  CHECK(snapshot(c, a) == before_a);
+  CHECK(c.page_table(a)[0] == c.page_table(b)[0]);  // the full page stays shared
+  CHECK(c.page_table(a)[1] != c.page_table(b)[1]);
+  std::vector<std::uint16_t> const b_now = snapshot(c, b);
+  CHECK(std::vector<std::uint16_t>(b_now.begin(), b_now.begin() + static_cast<std::ptrdiff_t>(before_b.size())) ==
+        before_b);
+  // And appends to the original never reach the fork.
+  c.append(a, t.keys(21, 30), t.values(21, 30), rope);
+  CHECK(snapshot(c, b) == b_now);
+  std::vector<std::uint16_t> const a_now = snapshot(c, a);
+  CHECK(std::vector<std::uint16_t>(a_now.begin(), a_now.begin() + static_cast<std::ptrdiff_t>(before_a.size())) ==
+        before_a);
+  c.free(a);
+  CHECK(snapshot(c, b) == b_now);
+  c.free(b);
+  CHECK(c.free_page_count() == c.pages());
+}
+
+template <class S>
+void check_half_views(char const* format) {
+  INFO(format);
+  // k and v given as S: stored as they are (unrotated), or widened, rotated in
+  // float and rounded once: the same bits as the float append of their values.
+  posenc::rope<float> const rope(posenc::rope_layout::half_split, D);
+  tokens const t(40, 21);
+  std::vector<S> kh(t.k.size()), vh(t.v.size());
+  std::vector<float> kw(t.k.size()), vw(t.v.size());
+  for (std::size_t n = 0; n < kh.size(); ++n) {
+    kh[n] = posenc::detail::to_storage<S>(t.k[n]);
+    kw[n] = posenc::detail::stored_value<float>(kh[n]);
+  }
+  for (std::size_t n = 0; n < vh.size(); ++n) {
+    vh[n] = posenc::detail::to_storage<S>(t.v[n]);
+    vw[n] = posenc::detail::stored_value<float>(vh[n]);
+  }
+  auto half_part = [](std::vector<S> const& x, index_t s, index_t n, index_t d) {
+    return posenc::make_bshd(x.data() + s * Hkv * d, 1, n, Hkv, d);
+  };
+  auto check = [&](auto const& enc, char const* name) {
+    INFO(name);
+    posenc::paged_kv_cache<S> from16(8, 16, Hkv, D, Dv), from32(8, 16, Hkv, D, Dv);
+    index_t const a = from16.add_sequence(3), b = from32.add_sequence(3);
+    for (index_t s0 : {index_t(0), index_t(13), index_t(30)}) {
+      index_t const n = s0 == 30 ? 10 : 13 + (s0 == 13 ? 4 : 0);
+      from16.append(a, half_part(kh, s0, n, D), half_part(vh, s0, n, Dv), enc);
+      from32.append(b, tokens::part(kw, s0, n, Hkv, D), tokens::part(vw, s0, n, Hkv, Dv), enc);
+    }
+    CHECK(from16.length(a) == 40);
+    CHECK(snapshot(from16, a) == snapshot(from32, b));
+    if (!posenc::encoder_traits<std::decay_t<decltype(enc)>>::rotates_queries_keys) {
+      bool same = true;
+      for (index_t s = 0; s < 40; ++s)
+        for (index_t h = 0; h < Hkv; ++h)
+          for (index_t d = 0; d < D; ++d)
+            same = same && bits(stored(from16, a, false, s, h, d)) == bits(kh[static_cast<std::size_t>((s * Hkv + h) * D + d)]);
+      CHECK(same);
+    }
+  };
+  check(posenc::none{}, "none");
+  check(rope, "rope");
+}
+
+template <class S>
+void check_errors(char const* format) {
+  INFO(format);
+  posenc::rope<float> const rope(posenc::rope_layout::half_split, D);
+  tokens const t(64, 31);
+  posenc::paged_kv_cache<S> c(3, 16, Hkv, D, Dv);
+  index_t const a = c.add_sequence(), b = c.add_sequence();
+  c.append(a, t.keys(0, 20), t.values(0, 20), rope);  // 2 pages
+  std::vector<std::uint16_t> const before = snapshot(c, a);
+  // Out of pages: 20 tokens need 2 pages, 1 is free; nothing changes.
+  REQUIRE_THROWS_WITH(c.append(b, t.keys(20, 20), t.values(20, 20), rope),
+                      posenc_test::contains("pages needed is 2, expected <= 1"));
+  CHECK(c.length(b) == 0);
+  CHECK(c.free_page_count() == 1);
+  CHECK(snapshot(c, a) == before);
+  // A fork's append that needs a copy of the shared last page and one more page.
+  index_t const f = c.fork(a);
+  REQUIRE_THROWS_WITH(c.append(f, t.keys(20, 13), t.values(20, 13), rope),
+                      posenc_test::contains("pages needed is 2, expected <= 1"));
+  CHECK(c.length(f) == 20);
+  CHECK(snapshot(c, a) == before);
+  CHECK(snapshot(c, f) == before);
+  // From 16-bit views too.
+  std::vector<S> kh(static_cast<std::size_t>(40 * Hkv * D)), vh(static_cast<std::size_t>(40 * Hkv * Dv));
+  REQUIRE_THROWS_WITH(c.append(b, posenc::make_bshd(static_cast<S const*>(kh.data()), 1, 40, Hkv, D),
+                               posenc::make_bshd(static_cast<S const*>(vh.data()), 1, 40, Hkv, Dv), rope),
+                      posenc_test::contains("pages needed is 3, expected <= 1"));
+  CHECK(c.length(b) == 0);
+  // Shapes and encoders as for a float cache.
+  REQUIRE_THROWS_WITH(c.append(b, t.keys(0, 2), t.values(0, 1), rope), posenc_test::contains("v.seq is 1, expected 2"));
+  REQUIRE_THROWS_WITH(c.append(b, t.keys(0, 2), t.values(0, 2), posenc::none{}),
+                      posenc_test::contains("rotates_queries_keys is false, expected true"));
+  // Attention: bad arguments throw before out is written (float and 16-bit out).
+  std::vector<float> q = random_vector<float>(static_cast<std::size_t>(2 * Hq * D), 5);
+  std::vector<float> out(static_cast<std::size_t>(2 * Hq * Dv), 42.0f);
+  std::vector<S> q16(q.size()), out16(out.size(), posenc::detail::to_storage<S>(42.0f));
+  std::vector<index_t> ids = {a, f};
+  auto qv = posenc::make_bshd(static_cast<float const*>(q.data()), 2, 1, Hq, D);
+  auto ov = posenc::make_bshd(out.data(), 2, 1, Hq, Dv);
+  auto qv16 = posenc::make_bshd(static_cast<S const*>(q16.data()), 2, 1, Hq, D);
+  auto ov16 = posenc::make_bshd(out16.data(), 2, 1, Hq, Dv);
+  REQUIRE_THROWS_WITH(posenc::attention(qv, c, ids, ov, posenc::none{}),
+                      posenc_test::contains("rotates_queries_keys is false, expected true"));
+  REQUIRE_THROWS_WITH(posenc::attention<posenc::path::reference>(qv16, c, ids, ov16, posenc::none{}),
+                      posenc_test::contains("rotates_queries_keys is false, expected true"));
+  std::vector<index_t> const bad = {a, 9};
+  REQUIRE_THROWS_WITH(posenc::attention(qv, c, bad, ov, rope),
+                      posenc_test::contains("seq_ids[1] is 9, expected the id of an open sequence"));
+  auto qshort = posenc::make_bshd(static_cast<float const*>(q.data()), 2, 1, Hq, D - 2);
+  REQUIRE_THROWS_WITH(posenc::attention(qshort, c, ids, ov, posenc::rope<float>(posenc::rope_layout::half_split, D - 2)),
+                      posenc_test::contains("q.dim is " + std::to_string(D - 2)));
+  posenc::attention_options<float> opt;
+  opt.scores = q.data();
+  REQUIRE_THROWS_WITH(posenc::attention(qv16, c, ids, ov16, rope, opt), posenc_test::contains("scores is set, expected null"));
+  for (float x : out) CHECK(x == 42.0f);
+  for (S x : out16) CHECK(bits(x) == bits(posenc::detail::to_storage<S>(42.0f)));
+}
+
+}  // namespace
+
+TEST_CASE("paged_kv_cache<half> and <bfloat16>: an append to one fork never changes the other's keys",
+          "[paged][half]") {
+  check_fork<Eigen::half>("binary16");
+  check_fork<Eigen::bfloat16>("bfloat16");
+}
+
+TEST_CASE("paged_kv_cache<half> and <bfloat16>: appends from 16-bit views equal appends of their float values",
+          "[paged][half]") {
+  check_half_views<Eigen::half>("binary16");
+  check_half_views<Eigen::bfloat16>("bfloat16");
+}
+
+TEST_CASE("paged_kv_cache<half> and <bfloat16>: errors as for float caches, nothing changed or written",
+          "[paged][half][errors]") {
+  check_errors<Eigen::half>("binary16");
+  check_errors<Eigen::bfloat16>("bfloat16");
+}
