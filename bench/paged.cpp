@@ -119,22 +119,39 @@ float read_once_16(S const* x, std::int64_t n, int threads) {
 }
 
 /// How the measured sequence's pages lie in the pool.
-enum class page_order { consecutive, scattered, after_frees };
+enum class page_order { consecutive, scattered, after_frees, interleaved };
 
-/// One sequence of 4096 tokens, 16-token pages. `scattered`: the sequence's
-/// pages alternate with another sequence's (every page its own run);
-/// `after_frees`: two sequences filled the pool alternately and were freed,
-/// then the measured one takes the freed pages (its page table is what the
-/// pool's allocation order makes of a fragmented free list); else
-/// consecutive. Baseline: the same decode over a contiguous kv_cache.
+/// Fragments a fresh pool: one-page sequences fill it, then those holding an
+/// even page are freed, so that every free page lies between used ones and a
+/// sequence that takes pages gets every page as its own run.
+template <class T>
+void fragment_pool(posenc::paged_kv_cache<T>& paged, std::vector<float> const& k, std::vector<float> const& v) {
+  std::vector<index_t> fillers;
+  for (index_t n = 0; n < paged.pages(); ++n) {
+    fillers.push_back(paged.add_sequence());
+    paged.append(fillers.back(), posenc::make_bshd<const float>(k.data(), 1, 1, H, D),
+                 posenc::make_bshd<const float>(v.data(), 1, 1, H, D), posenc::none{});
+  }
+  for (index_t id : fillers)
+    if (paged.page_table(id)[0] % 2 == 0) paged.free(id);
+}
+
+/// One sequence of 4096 tokens, 16-token pages. `scattered`: the pool was
+/// fragmented first (every page of the sequence its own run);
+/// `interleaved`: the sequence and another grow together, a page each in
+/// turn (as sequences of a decode batch do; the pool keeps each one's pages
+/// consecutive where it can); `after_frees`: two sequences filled the pool
+/// alternately and were freed, then the measured one takes the freed pages;
+/// else consecutive. Baseline: the same decode over a contiguous kv_cache.
 void decode_vs_contiguous(benchmark::State& state, page_order order, int threads) {
-  bool const scattered = order == page_order::scattered;
+  bool const interleaved = order == page_order::interleaved;
   index_t const S = 4096, P = 16;
   auto const k = random_floats(static_cast<std::size_t>(S * H * D), 2);
   auto const v = random_floats(static_cast<std::size_t>(S * H * D), 3);
   auto const q = random_floats(static_cast<std::size_t>(H * D), 1);
   std::vector<float> out(q.size());
   posenc::paged_kv_cache<float> paged(2 * S / P + 2, P, H, D);
+  if (order == page_order::scattered) fragment_pool(paged, k, v);
   if (order == page_order::after_frees) {
     index_t const a = paged.add_sequence(), b = paged.add_sequence();
     for (index_t s = 0; s < S; s += P)
@@ -149,7 +166,7 @@ void decode_vs_contiguous(benchmark::State& state, page_order order, int threads
     auto const kp = posenc::make_bshd<const float>(k.data() + s * H * D, 1, P, H, D);
     auto const vp = posenc::make_bshd<const float>(v.data() + s * H * D, 1, P, H, D);
     paged.append(id, kp, vp, posenc::none{});
-    if (scattered) paged.append(other, kp, vp, posenc::none{});
+    if (interleaved) paged.append(other, kp, vp, posenc::none{});
   }
   posenc::kv_cache<float> contiguous(1, H, D);
   contiguous.append(posenc::make_bshd<const float>(k.data(), 1, S, H, D),
@@ -313,8 +330,8 @@ void batched_decode(benchmark::State& state, int threads) {
 }
 
 /// Causal prefill of a 2048-token prompt (H = 8, D = 128) whose keys and
-/// values sit in 16-token pages (`scattered`: alternating with another
-/// sequence's, every page its own run), all 2048 queries in one call.
+/// values sit in 16-token pages (`scattered`: in a fragmented pool, every
+/// page its own run), all 2048 queries in one call.
 /// Baseline: the same prefill over contiguous K and V, in the same loop.
 void prefill_vs_contiguous(benchmark::State& state, bool scattered, int threads) {
   index_t const S = 2048, P = 16;
@@ -323,12 +340,12 @@ void prefill_vs_contiguous(benchmark::State& state, bool scattered, int threads)
   auto const q = random_floats(static_cast<std::size_t>(S * H * D), 1);
   std::vector<float> out(q.size());
   posenc::paged_kv_cache<float> paged(2 * S / P + 2, P, H, D);
-  index_t const id = paged.add_sequence(), other = paged.add_sequence();
+  if (scattered) fragment_pool(paged, k, v);
+  index_t const id = paged.add_sequence();
   for (index_t s = 0; s < S; s += P) {
     auto const kp = posenc::make_bshd<const float>(k.data() + s * H * D, 1, P, H, D);
     auto const vp = posenc::make_bshd<const float>(v.data() + s * H * D, 1, P, H, D);
     paged.append(id, kp, vp, posenc::none{});
-    if (scattered) paged.append(other, kp, vp, posenc::none{});
   }
   posenc::attention_options<float> opt;
   opt.causal = true;
@@ -364,10 +381,12 @@ void prefill_vs_contiguous(benchmark::State& state, bool scattered, int threads)
 
 int main(int argc, char** argv) {
   for (int t : {1, 2}) {
-    for (page_order order : {page_order::consecutive, page_order::scattered, page_order::after_frees}) {
+    for (page_order order :
+         {page_order::consecutive, page_order::scattered, page_order::after_frees, page_order::interleaved}) {
       char const* what = order == page_order::consecutive ? "consecutive"
                          : order == page_order::scattered ? "scattered"
-                                                          : "after_frees";
+                         : order == page_order::interleaved ? "interleaved"
+                                                            : "after_frees";
       std::string const name = std::string("paged/decode_vs_contiguous/") + what +
                                "_pages/H8_D128_S4096_page16/threads:" + std::to_string(t);
       benchmark::RegisterBenchmark(name.c_str(), [order, t](benchmark::State& s) {

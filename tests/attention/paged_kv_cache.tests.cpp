@@ -189,9 +189,25 @@ void check_against_contiguous(E const& enc, index_t page, posenc::attention_opti
   }
 }
 
-// Decode over scattered pages: four sequences (lengths at the call `lens`)
-// and a filler take one page each in turn, so that every page of a sequence
-// is its own run and a key tile spans several runs; the last page is partly
+// Fragments a fresh pool: one-page sequences (one token each, appended with
+// enc) fill it, then those holding an even page are freed, so that every free
+// page lies between used ones: a sequence then gets every page as its own run.
+template <class T, class E>
+void fragment_pool(posenc::paged_kv_cache<T>& cache, E const& enc) {
+  tokens<T> const one(1, 298);
+  std::vector<index_t> fillers;
+  for (index_t n = 0; n < cache.pages(); ++n) {
+    fillers.push_back(cache.add_sequence());
+    cache.append(fillers.back(), tokens<T>::part(one.k, 0, 1, Hkv), tokens<T>::part(one.v, 0, 1, Hkv), enc);
+  }
+  REQUIRE(cache.free_page_count() == 0);
+  for (index_t id : fillers)
+    if (cache.page_table(id)[0] % 2 == 0) cache.free(id);
+}
+
+// Decode over scattered pages: in a fragmented pool, four sequences (lengths
+// at the call `lens`) and a filler take one page each in turn, so that every
+// page of a sequence is its own run and a key tile spans several runs; the last page is partly
 // filled unless the length is a multiple of the page. Then sq tokens (1, or a
 // speculative 3) are appended to each and attended in one call, entries in a
 // mixed order. `masked`: an additive mask per entry, checked against the
@@ -203,6 +219,7 @@ void check_scattered_decode(E const& enc, index_t page, index_t sq, posenc::atte
   std::vector<index_t> const lens = {63, 64, 65, page == 1 ? 129 : 250};
   index_t const n = 4, filler_len = 250;
   posenc::paged_kv_cache<T> cache(2 * 5 * (250 + page) / page + 8, page, Hkv, D);
+  fragment_pool(cache, enc);
   std::vector<tokens<T>> tok;
   std::vector<posenc::kv_cache<T>> ref;
   std::vector<index_t> ids, done(static_cast<std::size_t>(n), 0);
@@ -529,30 +546,89 @@ TEST_CASE("paged attention: a decode step allocates nothing once pages exist", "
   }
 }
 
-TEST_CASE("paged_kv_cache: the pool hands out its lowest free page, so pages taken after frees are in address order",
+// True if the page table is one run of consecutive page ids.
+bool one_run(posenc::span<const index_t> table) {
+  for (index_t p = 1; p < table.size(); ++p)
+    if (table[p] != table[p - 1] + 1) return false;
+  return true;
+}
+
+TEST_CASE("paged_kv_cache: sequences growing together keep their pages consecutive; freed pages are reused in order",
           "[paged]") {
   index_t const page = 4;
-  posenc::paged_kv_cache<float> cache(12, page, Hkv, D);
-  tokens<float> t(16, 5);
-  auto append = [&](index_t id, index_t n) {
-    cache.append(id, tokens<float>::part(t.k, 0, n, Hkv), tokens<float>::part(t.v, 0, n, Hkv), posenc::none{});
+  tokens<float> t(40, 5);
+  auto appender = [&](posenc::paged_kv_cache<float>& cache) {
+    return [&](index_t id, index_t n) {
+      cache.append(id, tokens<float>::part(t.k, 0, n, Hkv), tokens<float>::part(t.v, 0, n, Hkv), posenc::none{});
+    };
   };
-  index_t const a = cache.add_sequence(), b = cache.add_sequence(), c = cache.add_sequence();
-  for (index_t x : {a, b, c}) append(x, 2 * page);
-  CHECK(std::vector<index_t>(cache.page_table(b).begin(), cache.page_table(b).end()) == std::vector<index_t>{2, 3});
-  cache.free(a);
-  cache.free(c);
-  index_t const d = cache.add_sequence();
-  append(d, 16);  // four pages: the freed 0, 1, 4, 5 in ascending order
-  auto const table = cache.page_table(d);
-  CHECK(std::vector<index_t>(table.begin(), table.end()) == std::vector<index_t>{0, 1, 4, 5});
-  // A fork appending past its shared pages takes the lowest free page too.
-  index_t const e = cache.fork(b);
-  append(e, 1);
-  CHECK(cache.page_table(e)[2] == 6);
-  cache.free(d);
-  index_t const f = cache.add_sequence();
-  append(f, 3 * page);
-  auto const tf = cache.page_table(f);
-  CHECK(std::vector<index_t>(tf.begin(), tf.end()) == std::vector<index_t>{0, 1, 4});
+  auto pages_of = [](posenc::paged_kv_cache<float> const& cache, index_t id) {
+    auto const tb = cache.page_table(id);
+    return std::vector<index_t>(tb.begin(), tb.end());
+  };
+  SECTION("growing together: each sequence continues after its last page; a new one starts mid free run") {
+    posenc::paged_kv_cache<float> cache(40, page, Hkv, D);
+    auto append = appender(cache);
+    // Three sequences growing a page each in turn, as a decode batch does.
+    index_t const a = cache.add_sequence(), b = cache.add_sequence(), c = cache.add_sequence();
+    for (int round = 0; round < 6; ++round)
+      for (index_t x : {a, b, c}) append(x, page);
+    // a starts the pool; b the middle of the free run [1, 40); c the middle of
+    // the lowest of the two longest free runs, [1, 20) and [21, 40).
+    CHECK(pages_of(cache, a) == std::vector<index_t>{0, 1, 2, 3, 4, 5});
+    CHECK(pages_of(cache, b) == std::vector<index_t>{20, 21, 22, 23, 24, 25});
+    CHECK(pages_of(cache, c) == std::vector<index_t>{10, 11, 12, 13, 14, 15});
+    // a grows up to c's first page, then continues in the middle of the
+    // longest free run, [26, 40).
+    append(a, 5 * page);
+    CHECK(pages_of(cache, a) == std::vector<index_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 33});
+    // Many sequences growing together: each keeps one run while the pool has room.
+    posenc::paged_kv_cache<float> big(400, page, Hkv, D);
+    auto append_big = appender(big);
+    std::vector<index_t> ids;
+    for (int s = 0; s < 8; ++s) ids.push_back(big.add_sequence());
+    for (int round = 0; round < 10; ++round)
+      for (index_t id : ids) append_big(id, round % 2 ? page : 3);  // page boundaries crossed at different steps
+    for (index_t id : ids) {
+      INFO("sequence " << id);
+      CHECK(one_run(big.page_table(id)));
+    }
+  }
+  SECTION("after frees and forks") {
+    posenc::paged_kv_cache<float> cache(12, page, Hkv, D);
+    auto append = appender(cache);
+    index_t const a = cache.add_sequence(), b = cache.add_sequence(), c = cache.add_sequence();
+    for (index_t x : {a, b, c}) append(x, 2 * page);
+    CHECK(pages_of(cache, a) == std::vector<index_t>{0, 1});
+    CHECK(pages_of(cache, b) == std::vector<index_t>{7, 8});  // the middle of [2, 12)
+    CHECK(pages_of(cache, c) == std::vector<index_t>{4, 5});  // the middle of [2, 7)
+    cache.free(a);
+    cache.free(c);
+    // The free runs are [0, 7) and [9, 12): a new sequence starts the pool and keeps going.
+    index_t const d = cache.add_sequence();
+    append(d, 16);
+    CHECK(pages_of(cache, d) == std::vector<index_t>{0, 1, 2, 3});
+    // A fork appending past its shared pages continues after them.
+    index_t const e = cache.fork(b);
+    append(e, 1);
+    CHECK(pages_of(cache, e) == std::vector<index_t>{7, 8, 9});
+    // A shared, partly filled last page is copied next to the page before it when that is free.
+    cache.free(d);
+    index_t const f = cache.add_sequence();
+    append(f, page + 1);  // pages 0 and 1, the last one partly filled
+    index_t const g = cache.fork(f);
+    append(g, 1);  // copies page 1: the page after page 0 is page 1 itself (shared), so the middle of [2, 7)
+    CHECK(pages_of(cache, f) == std::vector<index_t>{0, 1});
+    CHECK(pages_of(cache, g) == std::vector<index_t>{0, 4});
+  }
+  SECTION("a fragmented pool still serves every free page") {
+    posenc::paged_kv_cache<float> cache(10, page, Hkv, D);
+    fragment_pool(cache, posenc::none{});
+    CHECK(cache.free_page_count() == 5);
+    index_t const x = cache.add_sequence();
+    auto append = appender(cache);
+    append(x, 5 * page);
+    CHECK(pages_of(cache, x) == std::vector<index_t>{0, 2, 4, 6, 8});
+    CHECK(cache.free_page_count() == 0);
+  }
 }

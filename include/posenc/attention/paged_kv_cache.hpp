@@ -69,8 +69,7 @@ class paged_kv_cache {
     keys_.resize(static_cast<std::size_t>(n * dim_));
     values_.resize(static_cast<std::size_t>(n * vdim_));
     refs_.assign(static_cast<std::size_t>(pages), 0);
-    free_pages_.reserve(static_cast<std::size_t>(pages));
-    for (index_t p = 0; p < pages; ++p) free_pages_.push_back(p);  // ascending: already a min-heap
+    free_count_ = pages;
   }
 
   /// Largest accepted page size.
@@ -104,7 +103,7 @@ class paged_kv_cache {
     check_id("posenc::paged_kv_cache::free", "id", id);
     sequence& s = seqs_[static_cast<std::size_t>(id)];
     for (index_t p : s.pages)
-      if (--refs_[static_cast<std::size_t>(p)] == 0) give_back_page(p);
+      if (--refs_[static_cast<std::size_t>(p)] == 0) ++free_count_;
     s.pages.clear();
     tokens_ -= s.len;
     s.len = 0;
@@ -190,7 +189,7 @@ class paged_kv_cache {
                       " + ", n - 1, " (next_position + k.seq - 1), expected <= ", position_limit, " (position_limit)");
       need += pages_for(len) - static_cast<index_t>(s.pages.size()) + (shared_tail(s) ? 1 : 0);
     }
-    index_t const avail = static_cast<index_t>(free_pages_.size());
+    index_t const avail = free_count_;
     detail::require(need <= avail, w, "pages needed is ", need, ", expected <= ", avail,
                     " (free pages of ", pages_, "; the cache is unchanged: free sequences or use a larger pool)");
     // The new keys, rotated in a scratch copy: the encoder checks the view and
@@ -254,7 +253,7 @@ class paged_kv_cache {
   /// True when the cached keys are stored rotated; false while the cache holds no token.
   bool keys_rotated() const noexcept { return tokens_ > 0 && rotated_; }
   index_t pages() const noexcept { return pages_; }
-  index_t free_page_count() const noexcept { return static_cast<index_t>(free_pages_.size()); }
+  index_t free_page_count() const noexcept { return free_count_; }
   index_t page_tokens() const noexcept { return page_tokens_; }
   index_t kv_heads() const noexcept { return heads_; }
   index_t head_dim() const noexcept { return dim_; }
@@ -297,19 +296,38 @@ class paged_kv_cache {
   bool shared_tail(sequence const& s) const noexcept {
     return s.len % page_tokens_ != 0 && refs_[static_cast<std::size_t>(s.pages.back())] > 1;
   }
-  // The free pages are a min-heap: the pool hands out its lowest free page, so
-  // that a sequence's pages lie in address order even after other sequences
-  // were freed (a LIFO list would hand freed pages back in reverse order).
-  index_t take_page() noexcept {
-    std::pop_heap(free_pages_.begin(), free_pages_.end(), std::greater<index_t>());
-    index_t const p = free_pages_.back();
-    free_pages_.pop_back();
+  // A free page for a sequence whose pages end at page `after` (-1: none yet).
+  // Pages are handed out so that each sequence's pages stay consecutive where
+  // the pool allows, so that attention reads them as one strided run: the page
+  // right after `after` when it is free; otherwise a page of the longest run of
+  // free pages (the lowest such run): its first page when the run starts the
+  // pool, else its middle page, which leaves the first half of the run to the
+  // sequence that may be growing from the page before it. Sequences that grow
+  // at the same time (a decode batch) thus each get long runs instead of
+  // alternating pages. Needs a free page (checked by the callers); no allocation.
+  index_t take_page(index_t after) noexcept {
+    index_t p = after + 1;
+    if (after < 0 || p >= pages_ || refs_[static_cast<std::size_t>(p)] != 0) p = roomiest_free_page();
     refs_[static_cast<std::size_t>(p)] = 1;
+    --free_count_;
     return p;
   }
-  void give_back_page(index_t p) noexcept {  // capacity reserved for every page: no allocation
-    free_pages_.push_back(p);
-    std::push_heap(free_pages_.begin(), free_pages_.end(), std::greater<index_t>());
+  index_t roomiest_free_page() const noexcept {
+    index_t best = 0, best_len = 0;
+    for (index_t a = 0; a < pages_;) {
+      if (refs_[static_cast<std::size_t>(a)] != 0) {
+        ++a;
+        continue;
+      }
+      index_t b = a + 1;
+      while (b < pages_ && refs_[static_cast<std::size_t>(b)] == 0) ++b;
+      if (b - a > best_len) {
+        best = a;
+        best_len = b - a;
+      }
+      a = b;
+    }
+    return best == 0 ? 0 : best + best_len / 2;
   }
   T* token_ptr(std::vector<T>& store, index_t d, index_t page, index_t t, index_t h) noexcept {
     return store.data() + ((page * page_tokens_ + t) * heads_ + h) * d;
@@ -318,7 +336,8 @@ class paged_kv_cache {
   // copying a shared last page first and taking new pages as needed.
   void write_tokens(sequence& s, view<const input_type> k, view<const input_type> v, index_t b) {
     if (shared_tail(s)) {
-      index_t const old = s.pages.back(), fresh = take_page();
+      index_t const before = s.pages.size() > 1 ? s.pages[s.pages.size() - 2] : -1;
+      index_t const old = s.pages.back(), fresh = take_page(before);
       --refs_[static_cast<std::size_t>(old)];
       index_t const used = s.len % page_tokens_;
       std::copy_n(token_ptr(keys_, dim_, old, 0, 0), used * heads_ * dim_, token_ptr(keys_, dim_, fresh, 0, 0));
@@ -327,7 +346,7 @@ class paged_kv_cache {
     }
     for (index_t t = 0; t < k.seq; ++t) {
       index_t const pos = s.len + t, slot = pos % page_tokens_;
-      if (slot == 0) s.pages.push_back(take_page());
+      if (slot == 0) s.pages.push_back(take_page(s.pages.empty() ? -1 : s.pages.back()));
       index_t const page = s.pages.back();
       for (index_t h = 0; h < heads_; ++h) {
         store_row(k.ptr(b, t, h), dim_, token_ptr(keys_, dim_, page, slot, h));
@@ -353,7 +372,8 @@ class paged_kv_cache {
   index_t tokens_ = 0;    // sum of the lengths of the open sequences (0: no rotation recorded)
   bool rotated_ = false;  // how the cached keys are stored; meaningful while tokens_ > 0
   std::vector<T> keys_, values_;
-  std::vector<index_t> refs_, free_pages_, free_slots_;
+  std::vector<index_t> refs_, free_slots_;  // refs_[p] == 0: page p is free
+  index_t free_count_ = 0;
   std::vector<sequence> seqs_;
   std::vector<input_type> fresh_;  // rotated copy of the keys of one append (float for a 16-bit cache)
 };
