@@ -321,8 +321,14 @@ void check(config const& c, E const& enc) {
           bad_qk = bad_qk || (sees && !c.row_finite(c.q, b, i, h));
           for (index_t d = 0; d < c.Dv; ++d) {
             auto const e = static_cast<std::size_t>(d);
+            // A non-finite q or k poisons the row only if its score is not -inf: a -inf
+            // score masks the key like any other, and the row keeps the pattern of its
+            // values, where a non-finite v at a tiny probability may or may not show.
             out_rule[static_cast<std::size_t>(((b * c.Sq + i) * c.Hq + h) * c.Dv + d)] =
-                bad_qk || bad_v[e] ? row_rule::non_finite : tiny_bad_v[e] ? row_rule::either : row_rule::finite;
+                bad_v[e] ? row_rule::non_finite
+                : tiny_bad_v[e] ? row_rule::either
+                : bad_qk ? row_rule::non_finite
+                : row_rule::finite;
           }
           // The log-sum-exp does not read v.
           lse_rule[static_cast<std::size_t>((b * c.Hq + h) * c.Sq + i)] =
