@@ -247,35 +247,7 @@ class model {
     return cross_entropy<T>(logits, bt.targets, keep ? &st.dlogits : nullptr, row_loss);
   }
 
-  matrix<T> layer_forward(int l, matrix<T> x, int B, int S, eval_mode const& m, layer_cache& c, forward_state& st) {
-    auto const& lb = layers_[static_cast<std::size_t>(l)];
-    if (adds_here(l))
-      with_absolute(l, S, m, [&](auto const& enc) { enc.add_to(posenc::make_bsd(x.data(), B, S, cfg_.d_model), posenc::position_span(0)); });
-    c.x_in = x;
-    c.h1 = layer_norm<T>(x, r(lb.ln1_g), r(lb.ln1_b), c.n1);
-    c.q = c.h1 * w(lb.wq);
-    c.k = c.h1 * w(lb.wk);
-    c.v = c.h1 * w(lb.wv);
-    c.att.resize(B * S, cfg_.d_model);
-    auto opt = attention_opts();
-    if (l == st.probe_layer) {
-      st.probe.assign(static_cast<std::size_t>(B) * cfg_.heads * S * S, T(0));
-      opt.scores = st.probe.data();
-    }
-    with_attention(l, S, m, [&](auto const& enc) {
-      if (opt.scores)
-        posenc::attention<posenc::path::reference>(heads_view(c.q, B, S), heads_view(c.k, B, S), heads_view(c.v, B, S), heads_view(c.att, B, S), enc, opt);
-      else
-        posenc::attention(heads_view(c.q, B, S), heads_view(c.k, B, S), heads_view(c.v, B, S), heads_view(c.att, B, S), enc, opt);
-    });
-    x += c.att * w(lb.wo);
-    c.x_mid = x;
-    c.h2 = layer_norm<T>(x, r(lb.ln2_g), r(lb.ln2_b), c.n2);
-    c.u = (c.h2 * w(lb.w1)).rowwise() + r(lb.b1);
-    c.g = gelu(c.u, c.t);
-    x += (c.g * w(lb.w2)).rowwise() + r(lb.b2);
-    return x;
-  }
+  matrix<T> layer_forward(int l, matrix<T> x, int B, int S, eval_mode const& m, layer_cache& c, forward_state& st);
 
   // ---- backward -----------------------------------------------------------------------------
   void backward(batch_tokens const& bt, forward_state& st) {
@@ -287,39 +259,7 @@ class model {
     for (int i = 0; i < B * S; ++i) dw(embedding_).row(bt.inputs[static_cast<std::size_t>(i)]) += dx.row(i);
   }
 
-  matrix<T> layer_backward(int l, matrix<T> dx, int B, int S, layer_cache& c) {
-    auto const& lb = layers_[static_cast<std::size_t>(l)];
-    // MLP: x_out = x_mid + W2 gelu(u) + b2
-    dr(lb.b2) += dx.colwise().sum();
-    dw(lb.w2) += c.g.transpose() * dx;
-    matrix<T> du = gelu_backward<T>(dx * w(lb.w2).transpose(), c.u, c.t);
-    dr(lb.b1) += du.colwise().sum();
-    dw(lb.w1) += c.h2.transpose() * du;
-    dx += layer_norm_backward<T>(du * w(lb.w1).transpose(), r(lb.ln2_g), c.n2, dr(lb.ln2_g), dr(lb.ln2_b));
-    // attention: x_mid = x_in + att Wo
-    dw(lb.wo) += c.att.transpose() * dx;
-    matrix<T> datt = dx * w(lb.wo).transpose();
-    matrix<T> dq = matrix<T>::Zero(B * S, cfg_.d_model), dk = dq, dv = dq;
-    with_attention(l, S, eval_mode{}, [&](auto const& enc) {
-      auto g = posenc::make_gradients(enc);
-      posenc::attention_backward<posenc::path::best>(heads_view(c.q, B, S), heads_view(c.k, B, S), heads_view(c.v, B, S),
-                                                     heads_view(c.att, B, S), heads_view(datt, B, S), heads_view(dq, B, S),
-                                                     heads_view(dk, B, S), heads_view(dv, B, S), enc, attention_opts(), g);
-      collect(l, g);
-    });
-    dw(lb.wq) += c.h1.transpose() * dq;
-    dw(lb.wk) += c.h1.transpose() * dk;
-    dw(lb.wv) += c.h1.transpose() * dv;
-    matrix<T> dh1 = dq * w(lb.wq).transpose() + dk * w(lb.wk).transpose() + dv * w(lb.wv).transpose();
-    dx += layer_norm_backward<T>(dh1, r(lb.ln1_g), c.n1, dr(lb.ln1_g), dr(lb.ln1_b));
-    if (adds_here(l))
-      with_absolute(l, S, eval_mode{}, [&](auto const& enc) {
-        auto g = posenc::make_gradients(enc);
-        enc.add_to_backward(posenc::make_bsd(static_cast<T const*>(dx.data()), B, S, cfg_.d_model), posenc::position_span(0), g);
-        collect(l, g);
-      });
-    return dx;
-  }
+  matrix<T> layer_backward(int l, matrix<T> dx, int B, int S, layer_cache& c);
 
   config cfg_;
   param_layout layout_;
@@ -327,5 +267,81 @@ class model {
   std::vector<layer_blocks> layers_;
   int embedding_ = -1, final_gain_ = -1, final_bias_ = -1;
 };
+
+// A layer's attention forward and backward: out of the class, so that the two
+// explicit instantiations below are the only places that compile them.
+
+template <class T>
+matrix<T> model<T>::layer_forward(int l, matrix<T> x, int B, int S, eval_mode const& m, layer_cache& c,
+                                 forward_state& st) {
+  auto const& lb = layers_[static_cast<std::size_t>(l)];
+  if (adds_here(l))
+    with_absolute(l, S, m, [&](auto const& enc) { enc.add_to(posenc::make_bsd(x.data(), B, S, cfg_.d_model), posenc::position_span(0)); });
+  c.x_in = x;
+  c.h1 = layer_norm<T>(x, r(lb.ln1_g), r(lb.ln1_b), c.n1);
+  c.q = c.h1 * w(lb.wq);
+  c.k = c.h1 * w(lb.wk);
+  c.v = c.h1 * w(lb.wv);
+  c.att.resize(B * S, cfg_.d_model);
+  auto opt = attention_opts();
+  if (l == st.probe_layer) {
+    st.probe.assign(static_cast<std::size_t>(B) * cfg_.heads * S * S, T(0));
+    opt.scores = st.probe.data();
+  }
+  with_attention(l, S, m, [&](auto const& enc) {
+    if (opt.scores)
+      posenc::attention<posenc::path::reference>(heads_view(c.q, B, S), heads_view(c.k, B, S), heads_view(c.v, B, S), heads_view(c.att, B, S), enc, opt);
+    else
+      posenc::attention(heads_view(c.q, B, S), heads_view(c.k, B, S), heads_view(c.v, B, S), heads_view(c.att, B, S), enc, opt);
+  });
+  x += c.att * w(lb.wo);
+  c.x_mid = x;
+  c.h2 = layer_norm<T>(x, r(lb.ln2_g), r(lb.ln2_b), c.n2);
+  c.u = (c.h2 * w(lb.w1)).rowwise() + r(lb.b1);
+  c.g = gelu(c.u, c.t);
+  x += (c.g * w(lb.w2)).rowwise() + r(lb.b2);
+  return x;
+}
+
+template <class T>
+matrix<T> model<T>::layer_backward(int l, matrix<T> dx, int B, int S, layer_cache& c) {
+  auto const& lb = layers_[static_cast<std::size_t>(l)];
+  // MLP: x_out = x_mid + W2 gelu(u) + b2
+  dr(lb.b2) += dx.colwise().sum();
+  dw(lb.w2) += c.g.transpose() * dx;
+  matrix<T> du = gelu_backward<T>(dx * w(lb.w2).transpose(), c.u, c.t);
+  dr(lb.b1) += du.colwise().sum();
+  dw(lb.w1) += c.h2.transpose() * du;
+  dx += layer_norm_backward<T>(du * w(lb.w1).transpose(), r(lb.ln2_g), c.n2, dr(lb.ln2_g), dr(lb.ln2_b));
+  // attention: x_mid = x_in + att Wo
+  dw(lb.wo) += c.att.transpose() * dx;
+  matrix<T> datt = dx * w(lb.wo).transpose();
+  matrix<T> dq = matrix<T>::Zero(B * S, cfg_.d_model), dk = dq, dv = dq;
+  with_attention(l, S, eval_mode{}, [&](auto const& enc) {
+    auto g = posenc::make_gradients(enc);
+    posenc::attention_backward<posenc::path::best>(heads_view(c.q, B, S), heads_view(c.k, B, S), heads_view(c.v, B, S),
+                                                   heads_view(c.att, B, S), heads_view(datt, B, S), heads_view(dq, B, S),
+                                                   heads_view(dk, B, S), heads_view(dv, B, S), enc, attention_opts(), g);
+    collect(l, g);
+  });
+  dw(lb.wq) += c.h1.transpose() * dq;
+  dw(lb.wk) += c.h1.transpose() * dk;
+  dw(lb.wv) += c.h1.transpose() * dv;
+  matrix<T> dh1 = dq * w(lb.wq).transpose() + dk * w(lb.wk).transpose() + dv * w(lb.wv).transpose();
+  dx += layer_norm_backward<T>(dh1, r(lb.ln1_g), c.n1, dr(lb.ln1_g), dr(lb.ln1_b));
+  if (adds_here(l))
+    with_absolute(l, S, eval_mode{}, [&](auto const& enc) {
+      auto g = posenc::make_gradients(enc);
+      enc.add_to_backward(posenc::make_bsd(static_cast<T const*>(dx.data()), B, S, cfg_.d_model), posenc::position_span(0), g);
+      collect(l, g);
+    });
+  return dx;
+}
+
+// model<float> and model<double> are compiled once, in model.cpp (the posenc_lab_model
+// library that the lab and its tests link): each attention call above instantiates the
+// attention kernels for every encoding, the longest compile of the lab.
+extern template class model<float>;
+extern template class model<double>;
 
 }  // namespace lab

@@ -284,6 +284,8 @@ TEST_CASE("bf16 products: 16-bit tensors give the float call on their widened va
 }
 
 TEST_CASE("bf16 products: off by default; float32 is the default call", "[bf16][attention]") {
+  // compiled in unless a program defines POSENC_BF16_PRODUCTS=0 (tests/errors/attention does)
+  static_assert(POSENC_BF16_PRODUCTS == 1, "bfloat16 products are compiled in by default");
   dims const s{100, 100, 2, 2, 64};
   inputs const in(s, 7);
   posenc::attention_options<float> opt;

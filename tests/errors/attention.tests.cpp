@@ -5,6 +5,7 @@
 #include <posenc/attention/multi_head.hpp>
 #include <posenc/encoding/none.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -128,6 +129,32 @@ TEMPLATE_TEST_CASE("attention errors: options", "[errors]", posenc::path::refere
                          posenc_test::fake_shaw<float>(2, 3, false, 1));
   expect_error<TestType>([](call&) {}, "v.dim is 2, expected 4 (the encoder's head_dim",
                          posenc_test::fake_shaw<float>(2, 4, true, 1));
+}
+
+// tests/CMakeLists.txt builds this program with the bfloat16 product mode compiled out.
+static_assert(POSENC_BF16_PRODUCTS == 0, "errors/attention is built with POSENC_BF16_PRODUCTS=0");
+
+TEMPLATE_TEST_CASE("attention errors: bfloat16 products in a build that leaves them out (POSENC_BF16_PRODUCTS=0)",
+                   "[errors]", posenc::path::fused, posenc::path::best) {
+  std::string const msg = "products is bfloat16, expected float32: this build defines POSENC_BF16_PRODUCTS=0 "
+                          "(bfloat16 products compiled out)";
+  auto const bf16 = [](call& c) {
+    c.opt.scores = nullptr;  // path::fused gives no scores; path::best would then run the reference
+    c.opt.products = posenc::product_precision::bfloat16;
+  };
+  expect_error<TestType>(bf16, msg);
+  // also where a float32 call of the same shape runs the lane kernel (many rows)
+  std::vector<float> q(64 * 16, 0.25f), out(64 * 16, 42.0f);
+  auto const x = posenc::make_bshd(static_cast<float const*>(q.data()), 1, 64, 1, 16);
+  posenc::attention_options<float> opt;
+  opt.products = posenc::product_precision::bfloat16;
+  REQUIRE_THROWS_WITH(posenc::attention<TestType>(x, x, x, posenc::make_bshd(out.data(), 1, 64, 1, 16),
+                                                  posenc::none{}, opt),
+                      posenc_test::contains("posenc::attention: " + msg));
+  CHECK(std::all_of(out.begin(), out.end(), [](float e) { return e == 42.0f; }));
+  opt.products = posenc::product_precision::float32;
+  posenc::attention<TestType>(x, x, x, posenc::make_bshd(out.data(), 1, 64, 1, 16), posenc::none{}, opt);
+  CHECK(std::all_of(out.begin(), out.end(), [](float e) { return std::abs(e - 0.25f) < 1e-6f; }));
 }
 
 TEMPLATE_TEST_CASE("attention errors: scale and softcap must be usable as T (float)", "[errors]",

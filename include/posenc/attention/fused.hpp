@@ -70,12 +70,14 @@ void fused_attention(attention_plan<T> const& p, view<const Q> q, view<const KV>
   // kernel its table by distance (transformer_xl; no value term).
   constexpr bool lanes_v = !encoder_traits<E>::relative_key_value || has_distance_columns<E, T>::value;
   if (lanes_v && p.q_len * p.group >= Tr::lane_kernel_min_rows_v) {
+#if POSENC_BF16_PRODUCTS
     if constexpr (std::is_same_v<T, float>) {
       if (p.products == product_precision::bfloat16) {  // opt-in: an instantiation of its own
         fused::run_lane_kernel<fused::bf16_product_traits<Tr>>(p, q, k, v, out, enc, rot);
         return;
       }
     }
+#endif
     fused::run_lane_kernel<Tr>(p, q, k, v, out, enc, rot);
   } else {
     fused::run_row_kernel<Tr>(p, q, k, v, out, enc, rot);  // float products (decode, few rows, Shaw)

@@ -458,6 +458,9 @@ void validate(view<const Q> q, view<const KV> k, view<const KV> v, view<O> out, 
   char const* const t_name = std::is_same_v<T, float> ? "float" : "double";
   require(opt.products == product_precision::float32 || opt.products == product_precision::bfloat16, w,
           "products is ", static_cast<int>(opt.products), ", expected float32 or bfloat16");
+  require(opt.products == product_precision::float32 || POSENC_BF16_PRODUCTS, w,
+          "products is bfloat16, expected float32: this build defines POSENC_BF16_PRODUCTS=0 (bfloat16 products "
+          "compiled out)");
   require(opt.products == product_precision::float32 || std::is_same_v<T, float>, w,
           "products is bfloat16 with ", t_name, " tensors, expected float32 (bfloat16 products are a float mode)");
   double const t_min = static_cast<double>(std::numeric_limits<T>::min());
