@@ -176,18 +176,12 @@ void paged_item(attention_plan<T> const& p, view<const Q> q, paged_run<S> const*
   }
   if (ch.r1 - ch.r0 == 1) {
     // One run of pages with consecutive ids: a strided view, walked by the
-    // contiguous decode's own tile step (no row lists to gather).
+    // contiguous decode's own steps (no row lists to gather).
     paged_run<S> const& run = runs[ch.r0];
     view<const S> const k = chunk_view(run.k, run.j0, run.j1, p.kv_heads, p.head_dim, kstride);
     view<const S> const v = chunk_view(run.v, run.j0, run.j1, p.kv_heads, p.value_dim, vstride);
-    for (index_t t0 = first; t0 < last; t0 += bk_v) {
-      index_t const nk = std::min(bk_v, last - t0);
-      for (index_t u = u0; u < u1; ++u) {
-        row_rows<Tr> const& r = rr[u - u0];
-        index_t const a = std::max(t0, r.first), e = std::min(t0 + nk, r.last);
-        if (a < e) row_tile<Tr, Guard>(p, k, v, enc, 0, u / groups, r, a, e - a, rot, sc, states(u));
-      }
-    }
+    decode_steps<Tr, Guard>(p, k, v, enc, 0, first, last, u0, u1, groups, rot, sc,
+                            [&](index_t u) -> row_rows<Tr> const& { return rr[u - u0]; }, states);
     return;
   }
   paged_tile_rows<T, S> tr;
