@@ -9,9 +9,13 @@
 #include <posenc/encoding/alibi.hpp>
 #include <posenc/encoding/none.hpp>
 #include <posenc/encoding/rope.hpp>
+#include <posenc/encoding/t5_bias.hpp>
+#include <posenc/encoding/transformer_xl.hpp>
 
 #include <cmath>
+#include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -19,6 +23,7 @@
 #include "support/catch.hpp"
 #include "support/random.hpp"
 #include "support/tolerance.hpp"
+#include "support/transformer_xl.hpp"
 
 using posenc::index_t;
 using posenc_test::random_vector;
@@ -260,9 +265,10 @@ bool same_bits(std::vector<float> const& a, std::vector<float> const& b) {
 ///    ulp of the output (all-16-bit: the plain output rounded once);
 /// 4. paged reference == the double reference on the widened values, rounded
 ///    to the output type (the same computation).
+/// `sixteen` false: float q and out only (an encoder checked with fewer instantiations).
 template <class S, class E>
 void check_attention(scene<S> const& sc, E const& enc, posenc::attention_options<float> const& opt, index_t Sq,
-                     bool exact, std::string const& what) {
+                     bool exact, std::string const& what, bool sixteen = true) {
   double const eps = epsilon16_v<S>;
   // float q and out
   std::vector<float> const qf = make_queries<float>(sc.toks, Sq);
@@ -287,6 +293,7 @@ void check_attention(scene<S> const& sc, E const& enc, posenc::attention_options
   INFO("paged fused vs reference on the widened values: " << rep.describe());
   CHECK(rep.ok);
   CHECK(same_bits(refp, ref));
+  if (!sixteen) return;
 
   // all-16-bit q and out: q rounded to S, the reference on its float values.
   std::vector<S> const qh = make_queries<S>(sc.toks, Sq);
@@ -310,6 +317,32 @@ void check_attention(scene<S> const& sc, E const& enc, posenc::attention_options
   CHECK(same_bits(r16, flat16_ref));
 }
 
+/// check_attention for decodes, a few queries and a prefill chunk of
+/// `prefill` queries (at least W / 2: with 2 query heads per kv head, rows
+/// enough for the lane kernel), causal or not, on one and two threads.
+template <class S, class E>
+void check_calls(scene<S> const& sc, E const& enc, index_t page, std::string const& base, bool sixteen = true,
+                 index_t prefill = W) {
+  for (bool causal : {false, true}) {
+    posenc::attention_options<float> opt;
+    opt.causal = causal;
+    opt.threads = 1;
+    std::string const what = base + (causal ? " causal" : " not causal");
+    check_attention(sc, enc, opt, 1, true, what + " decode, 1 thread", sixteen);
+    check_attention(sc, enc, opt, 3, true, what + " 3 queries, 1 thread", sixteen);
+    // The lane kernel lays its key tiles from each run of consecutive
+    // pages: the same tiles as over the contiguous cache when pages hold
+    // whole tiles (and the same results bit for bit), else other tiles.
+    // With Shaw-like score terms (Transformer-XL) the paged call runs the row
+    // kernel, the contiguous one the lane kernel over distance columns.
+    bool const whole_tiles = page % posenc::detail::fused_default_traits<float>::block_kv_v == 0;
+    bool const lanes = !posenc::encoder_traits<E>::relative_key_value;
+    check_attention(sc, enc, opt, prefill, whole_tiles && lanes, what + " prefill chunk", sixteen);
+    opt.threads = 2;
+    check_attention(sc, enc, opt, 1, false, what + " decode, 2 threads", sixteen);
+  }
+}
+
 template <class S>
 void check_all(char const* format) {
   for (index_t page : {index_t(16), index_t(64)})
@@ -318,21 +351,7 @@ void check_all(char const* format) {
       std::string const base = std::string(format) + " page " + std::to_string(page) + " " + name;
       INFO(base);
       CHECK(stored_rounded_once(sc));
-      for (bool causal : {false, true}) {
-        posenc::attention_options<float> opt;
-        opt.causal = causal;
-        opt.threads = 1;
-        std::string const what = base + (causal ? " causal" : " not causal");
-        check_attention(sc, enc, opt, 1, true, what + " decode, 1 thread");
-        check_attention(sc, enc, opt, 3, true, what + " 3 queries, 1 thread");
-        // The lane kernel lays its key tiles from each run of consecutive
-        // pages: the same tiles as over the contiguous cache when pages hold
-        // whole tiles (and the same results bit for bit), else other tiles.
-        bool const whole_tiles = page % posenc::detail::fused_default_traits<float>::block_kv_v == 0;
-        check_attention(sc, enc, opt, W, whole_tiles, what + " prefill chunk (lane kernel)");
-        opt.threads = 2;
-        check_attention(sc, enc, opt, 1, false, what + " decode, 2 threads");
-      }
+      check_calls(sc, enc, page, base);
     });
 }
 
@@ -514,4 +533,232 @@ TEST_CASE("paged_kv_cache<half> and <bfloat16>: errors as for float caches, noth
           "[paged][half][errors]") {
   check_errors<Eigen::half>("binary16");
   check_errors<Eigen::bfloat16>("bfloat16");
+}
+
+namespace {
+
+/// Transformer-XL (its memory kept whole, and cut to the last 9 keys) and a
+/// T5 bias with a binary16 table, over binary16 pages (appended with none),
+/// float q and out: the checks of check_attention, among them the paged
+/// fused call against each sequence alone over its contiguous kv_cache<S>
+/// and the paged reference against the double reference on the widened values.
+void check_more_encoders() {
+  using S = Eigen::half;
+  std::vector<float> const w = random_vector<float>(static_cast<std::size_t>(32 * Hq), 61, -2, 2);
+  posenc::relative_table<float> table(32, Hq);
+  for (index_t b = 0; b < 32; ++b)
+    for (index_t h = 0; h < Hq; ++h) table(b, h) = w[static_cast<std::size_t>(b * Hq + h)];
+  auto const t5 = posenc::t5_bias<S>::rounded_from(posenc::t5_bias<float>({Hq, true, 32, 128}, table));
+  for (index_t page : {index_t(16), index_t(64)}) {
+    scene<S> const sc(page, posenc::none{});
+    std::string const base = "binary16 page " + std::to_string(page);
+    for (index_t memory : {index_t(0), index_t(9)}) {
+      auto const txl = posenc_test::random_transformer_xl<float>(Hq, D, 6, 1024, 77, memory);
+      std::string const what = base + " transformer-xl memory " + std::to_string(memory);
+      INFO(what);
+      // Transformer-XL's queries are the last of their sequence's tokens: at most 12 (sequence 1).
+      check_calls(sc, txl, page, what, false, W / 2);
+    }
+    INFO(base << " t5_bias<Eigen::half>");
+    check_calls(sc, t5, page, base + " t5_bias<Eigen::half>", false, W / 2);
+  }
+}
+
+/// A 16-bit mask of extents (batch, heads, q, k): finite values of both
+/// signs, some -inf, some 0; and the float mask of its widened values.
+template <class M>
+struct mask_pair {
+  index_t batch, heads, q, k;
+  std::vector<M> m16;
+  std::vector<float> m32;
+  mask_pair(index_t b, index_t h, index_t sq, index_t sk, std::uint64_t seed) : batch(b), heads(h), q(sq), k(sk) {
+    std::size_t const n = static_cast<std::size_t>(b * h * sq * sk);
+    std::vector<float> const v = random_vector<float>(n, seed, -4, 4);
+    for (std::size_t i = 0; i < n; ++i) {
+      float x = v[i];
+      if (i % 5 == 1) x = -std::numeric_limits<float>::infinity();
+      if (i % 7 == 2) x = 0.0f;
+      m16.push_back(posenc::detail::to_storage<M>(x));
+      m32.push_back(posenc::detail::stored_value<float>(m16.back()));
+    }
+  }
+  posenc::mask_view<M> half() const { return posenc::make_mask(m16.data(), batch, heads, q, k); }
+  posenc::mask_view<float> wide() const { return posenc::make_mask(m32.data(), batch, heads, q, k); }
+  /// The mask of entry s alone, for a sequence of `keys` tokens (key j is its token j).
+  posenc::mask_view<M> entry(index_t s, index_t keys) const {
+    posenc::mask_view<M> m = half();
+    if (batch > 1) m.data += s * m.batch_stride;
+    m.batch = 1;
+    m.k = std::min(k, keys);
+    return m;
+  }
+};
+
+/// out (widened) then lse of the paged call on Path over every sequence of
+/// the scene, q and out of QS: with the 16-bit mask m16 when given, else with
+/// opt alone; with the workspace ws when given.
+template <class Path, class QS, class S, class E, class M>
+std::vector<float> run_masked(scene<S> const& sc, std::vector<QS> const& q, index_t Sq, E const& enc,
+                              posenc::attention_options<float> opt, posenc::mask_view<M> const* m16,
+                              posenc::paged_attention_workspace<S>* ws = nullptr) {
+  index_t const n = scene<S>::n_seq;
+  std::vector<QS> out(static_cast<std::size_t>(n * Sq * Hq * Dv), posenc::detail::to_storage<QS>(-7.0f));
+  std::vector<float> lse(static_cast<std::size_t>(n * Hq * Sq), -7.0f);
+  opt.lse = lse.data();
+  auto const qv = posenc::make_bshd(q.data(), n, Sq, Hq, D);
+  auto const ov = posenc::make_bshd(out.data(), n, Sq, Hq, Dv);
+  posenc::span<const index_t> const ids(sc.ids.data(), n);
+  if (m16 && ws)
+    posenc::attention<Path>(qv, sc.paged, ids, ov, enc, opt, *m16, *ws);
+  else if (m16)
+    posenc::attention<Path>(qv, sc.paged, ids, ov, enc, opt, *m16);
+  else if (ws)
+    posenc::attention<Path>(qv, sc.paged, ids, ov, enc, opt, *ws);
+  else
+    posenc::attention<Path>(qv, sc.paged, ids, ov, enc, opt);
+  std::vector<float> r = widened(out);
+  r.insert(r.end(), lse.begin(), lse.end());
+  return r;
+}
+
+/// As run_masked with the 16-bit mask, each sequence alone over its
+/// contiguous kv_cache<S> (the view call with the cache's keys, values and
+/// positions) with its entry of the mask.
+template <class Path, class QS, class S, class E, class M>
+std::vector<float> run_flat_masked(scene<S> const& sc, std::vector<QS> const& q, index_t Sq, E const& enc,
+                                   posenc::attention_options<float> const& opt, mask_pair<M> const& m) {
+  index_t const n = scene<S>::n_seq;
+  std::vector<QS> out(static_cast<std::size_t>(n * Sq * Hq * Dv), posenc::detail::to_storage<QS>(-7.0f));
+  std::vector<float> lse(static_cast<std::size_t>(n * Hq * Sq), -7.0f);
+  for (index_t s = 0; s < n; ++s) {
+    posenc::kv_cache<S> const& f = sc.flat[static_cast<std::size_t>(s)];
+    posenc::attention_options<float> o = opt;
+    o.keys_rotated = f.keys_rotated();
+    o.k_positions = posenc::position_span(f.first_position());
+    o.q_positions = posenc::position_span(f.next_position() - Sq);
+    o.lse = lse.data() + s * Hq * Sq;
+    posenc::attention<Path>(posenc::make_bshd(q.data() + s * Sq * Hq * D, 1, Sq, Hq, D), f.keys(), f.values(),
+                            posenc::make_bshd(out.data() + s * Sq * Hq * Dv, 1, Sq, Hq, Dv), enc, o,
+                            m.entry(s, f.length()));
+  }
+  std::vector<float> r = widened(out);
+  r.insert(r.end(), lse.begin(), lse.end());
+  return r;
+}
+
+/// The 16-bit mask of type M over the 16-bit pages of the scene, for mask
+/// shapes per entry and broadcast, key extents past every sequence (cut) and
+/// short (masking the keys past it): the paged call equals the same call
+/// with the float mask of the widened values bit for bit (out and lse; fused
+/// and reference; float and all-16-bit q and out), and each sequence alone
+/// over its contiguous cache with its entry of the mask (the reference
+/// always; the fused path where check_calls finds it bit for bit).
+template <class M, class S, class E>
+void check_masks(scene<S> const& sc, E const& enc, index_t page, std::string const& base) {
+  using posenc::path::fused;
+  using posenc::path::reference;
+  index_t const n = scene<S>::n_seq;
+  bool const whole_tiles = page % posenc::detail::fused_default_traits<float>::block_kv_v == 0;
+  struct call {
+    index_t sq;
+    int threads;
+  };
+  for (bool causal : {false, true})
+    for (call c : {call{1, 1}, call{3, 1}, call{W, 1}, call{1, 2}}) {
+      posenc::attention_options<float> opt;
+      opt.causal = causal;
+      opt.threads = c.threads;
+      bool const exact = c.threads == 1 && (c.sq < W || whole_tiles);
+      std::vector<float> const qf = make_queries<float>(sc.toks, c.sq);
+      std::vector<S> const qh = make_queries<S>(sc.toks, c.sq);
+      // The longest sequence has 51 tokens.
+      for (mask_pair<M> const& m : {mask_pair<M>(n, Hq, c.sq, 60, 41), mask_pair<M>(1, 1, 1, 60, 42),
+                                    mask_pair<M>(n, 1, c.sq, 20, 43), mask_pair<M>(1, Hq, 1, 51, 44)}) {
+        INFO(base << (causal ? " causal" : "") << " Sq " << c.sq << " threads " << c.threads << " mask " << m.batch
+                  << " x " << m.heads << " x " << m.q << " x " << m.k);
+        posenc::mask_view<M> const mh = m.half();
+        posenc::attention_options<float> ow = opt;
+        ow.mask = m.wide();
+        posenc::mask_view<M> const* none = nullptr;
+        CHECK(same_bits(run_masked<fused>(sc, qf, c.sq, enc, opt, &mh), run_masked<fused>(sc, qf, c.sq, enc, ow, none)));
+        CHECK(same_bits(run_masked<reference>(sc, qf, c.sq, enc, opt, &mh),
+                        run_masked<reference>(sc, qf, c.sq, enc, ow, none)));
+        std::vector<float> const f16 = run_masked<fused>(sc, qh, c.sq, enc, opt, &mh);
+        std::vector<float> const r16 = run_masked<reference>(sc, qh, c.sq, enc, opt, &mh);
+        CHECK(same_bits(f16, run_masked<fused>(sc, qh, c.sq, enc, ow, none)));
+        CHECK(same_bits(r16, run_masked<reference>(sc, qh, c.sq, enc, ow, none)));
+        CHECK(same_bits(r16, run_flat_masked<reference>(sc, qh, c.sq, enc, opt, m)));
+        if (exact) CHECK(same_bits(f16, run_flat_masked<fused>(sc, qh, c.sq, enc, opt, m)));
+        // A workspace that ran a masked call keeps no mask for the next call.
+        posenc::paged_attention_workspace<S> ws;
+        CHECK(same_bits(run_masked<fused>(sc, qf, c.sq, enc, opt, &mh, &ws),
+                        run_masked<fused>(sc, qf, c.sq, enc, opt, &mh)));
+        CHECK(same_bits(run_masked<fused>(sc, qf, c.sq, enc, opt, none, &ws),
+                        run_masked<fused>(sc, qf, c.sq, enc, opt, none)));
+      }
+    }
+}
+
+template <class S>
+void check_all_masks(char const* format) {
+  for (index_t page : {index_t(16), index_t(64)}) {
+    posenc::alibi<float> const alibi(posenc::alibi_form::paper, Hq);
+    scene<S> const sc(page, alibi);
+    std::string const base = std::string(format) + " page " + std::to_string(page) + " alibi";
+    check_masks<Eigen::half>(sc, alibi, page, base + " binary16 mask");
+    check_masks<Eigen::bfloat16>(sc, alibi, page, base + " bfloat16 mask");
+    check_masks<S>(scene<S>(page, posenc::none{}), posenc::none{}, page, std::string(format) + " none");
+  }
+}
+
+/// Bad 16-bit masks throw with a sentence naming them before out or lse is written.
+template <class S>
+void check_mask_errors(char const* format) {
+  INFO(format);
+  scene<S> const sc(16, posenc::none{});
+  index_t const n = scene<S>::n_seq;
+  std::vector<float> const q = make_queries<float>(sc.toks, 1);
+  std::vector<float> out(static_cast<std::size_t>(n * Hq * Dv), 42.0f), lse(static_cast<std::size_t>(n * Hq), 42.0f);
+  std::vector<S> m(static_cast<std::size_t>(n * Hq * 2 * 64));
+  auto const qv = posenc::make_bshd(q.data(), n, 1, Hq, D);
+  auto const ov = posenc::make_bshd(out.data(), n, 1, Hq, Dv);
+  posenc::span<const index_t> const ids(sc.ids.data(), n);
+  posenc::attention_options<float> opt;
+  opt.lse = lse.data();
+  posenc::paged_attention_workspace<S> ws;
+  auto const bad = [&](posenc::mask_view<S> const& mv, std::string const& message) {
+    INFO(message);
+    CHECK_THROWS_WITH(posenc::attention(qv, sc.paged, ids, ov, posenc::none{}, opt, mv), posenc_test::contains(message));
+    CHECK_THROWS_WITH(posenc::attention<posenc::path::reference>(qv, sc.paged, ids, ov, posenc::none{}, opt, mv, ws),
+                      posenc_test::contains(message));
+  };
+  bad(posenc::make_mask(static_cast<S const*>(m.data()), 3, Hq, 1, 64),
+      "mask (16-bit).batch is 3, expected 1 or 4 (seq_ids.size())");
+  bad(posenc::make_mask(static_cast<S const*>(m.data()), n, 3, 1, 64), "mask (16-bit).heads is 3, expected 1 or 4");
+  bad(posenc::make_mask(static_cast<S const*>(m.data()), n, Hq, 2, 64), "mask (16-bit).q is 2, expected 1 or 1");
+  bad(posenc::make_mask(static_cast<S const*>(nullptr), 1, 1, 1, 64), "mask (16-bit).data is null");
+  // A mask inside the last entry's out, or inside lse: found whichever entry reads it.
+  bad(posenc::make_mask(reinterpret_cast<S const*>(out.data() + (n - 1) * Hq * Dv), 1, 1, 1, 8),
+      "overlaps mask (16-bit)");
+  bad(posenc::make_mask(reinterpret_cast<S const*>(lse.data()), 1, 1, 1, 4), "overlaps mask (16-bit)");
+  for (float x : out) CHECK(x == 42.0f);
+  for (float x : lse) CHECK(x == 42.0f);
+}
+
+}  // namespace
+
+TEST_CASE("paged_kv_cache<half>: transformer_xl and a 16-bit T5 table as over the contiguous 16-bit cache",
+          "[paged][half]") {
+  check_more_encoders();
+}
+
+TEST_CASE("paged_kv_cache<half> and <bfloat16>: a 16-bit mask is the float mask of its widened values, bit for bit",
+          "[paged][half][mask]") {
+  check_all_masks<Eigen::half>("binary16");
+  check_all_masks<Eigen::bfloat16>("bfloat16");
+}
+
+TEST_CASE("paged_kv_cache<half> and <bfloat16>: a bad 16-bit mask throws, nothing written", "[paged][half][errors]") {
+  check_mask_errors<Eigen::half>("binary16");
+  check_mask_errors<Eigen::bfloat16>("bfloat16");
 }

@@ -4,6 +4,7 @@
 #include <posenc/attention/kv_cache.hpp>
 #include <posenc/attention/paged_attention.hpp>
 #include <posenc/attention/paged_kv_cache.hpp>
+#include <posenc/core/half.hpp>
 #include <posenc/encoding/alibi.hpp>
 #include <posenc/encoding/clipped_bias.hpp>
 #include <posenc/encoding/compose.hpp>
@@ -14,6 +15,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <cstdlib>
 #include <limits>
 #include <new>
@@ -424,6 +426,93 @@ TEST_CASE("paged attention equals the contiguous cache with masks", "[paged]") {
       CHECK(max_diff(part, one) < 1e-6);
     }
   }
+}
+
+namespace {
+
+/// out then lse of the paged call on Path (float cache, alibi): with the
+/// 16-bit mask m16 when given, else with opt alone.
+template <class Path, class M>
+std::vector<float> paged_masked(posenc::paged_kv_cache<float> const& cache, std::vector<index_t> const& ids,
+                                std::vector<float> const& q, index_t sq, posenc::alibi<float> const& enc,
+                                posenc::attention_options<float> opt, posenc::mask_view<M> const* m16) {
+  index_t const n = static_cast<index_t>(ids.size());
+  std::vector<float> out(static_cast<std::size_t>(n * sq * Hq * D), 7.0f), lse(static_cast<std::size_t>(n * Hq * sq));
+  opt.lse = lse.data();
+  auto const qv = posenc::make_bshd<const float>(q.data(), n, sq, Hq, D);
+  auto const ov = posenc::make_bshd(out.data(), n, sq, Hq, D);
+  if (m16)
+    posenc::attention<Path>(qv, cache, ids, ov, enc, opt, *m16);
+  else
+    posenc::attention<Path>(qv, cache, ids, ov, enc, opt);
+  out.insert(out.end(), lse.begin(), lse.end());
+  return out;
+}
+
+/// The 16-bit mask of type M against the float mask of its widened values
+/// over a float paged cache: bit for bit (out and lse), fused and reference,
+/// decode and prefill (lane kernel), one and two threads, per-entry and
+/// broadcast shapes, a key extent past every sequence (cut) and a short one.
+template <class M>
+void check_half_mask_float_cache() {
+  posenc::alibi<float> const enc(posenc::alibi_form::paper, Hq);
+  posenc::paged_kv_cache<float> cache(64, 16, Hkv, D);
+  tokens<float> t(200, 5);
+  index_t const n = 4;
+  std::vector<index_t> ids;
+  for (index_t s = 0; s < n; ++s) {  // lengths 50, 90, 130, 170
+    ids.push_back(cache.add_sequence(3 * s));
+    cache.append(ids.back(), tokens<float>::part(t.k, 0, 50 + 40 * s, Hkv), tokens<float>::part(t.v, 0, 50 + 40 * s, Hkv),
+                 enc);
+  }
+  struct shape {
+    index_t batch, heads, q, k;
+  };
+  for (index_t sq : {index_t(1), index_t(33)})
+    for (int threads : {1, 2})
+      for (bool causal : {false, true})
+        for (shape ms : {shape{n, Hq, sq, 300}, shape{1, 1, 1, 300}, shape{n, 1, sq, 100}, shape{1, Hq, 1, 170}}) {
+          INFO("Sq " << sq << " threads " << threads << (causal ? " causal" : "") << " mask " << ms.batch << " x "
+                     << ms.heads << " x " << ms.q << " x " << ms.k);
+          std::size_t const count = static_cast<std::size_t>(ms.batch * ms.heads * ms.q * ms.k);
+          std::vector<float> const v = random_vector<float>(count, 90 + static_cast<std::uint64_t>(sq), -4, 4);
+          std::vector<M> m16(count);
+          std::vector<float> m32(count);
+          for (std::size_t i = 0; i < count; ++i) {
+            float const x = i % 5 == 1 ? -std::numeric_limits<float>::infinity() : i % 7 == 2 ? 0.0f : v[i];
+            m16[i] = posenc::detail::to_storage<M>(x);
+            m32[i] = posenc::detail::stored_value<float>(m16[i]);
+          }
+          std::vector<float> const q = random_vector<float>(static_cast<std::size_t>(n * sq * Hq * D), 79);
+          posenc::attention_options<float> opt;
+          opt.causal = causal;
+          opt.threads = threads;
+          posenc::attention_options<float> ow = opt;
+          ow.mask = posenc::make_mask<float>(m32.data(), ms.batch, ms.heads, ms.q, ms.k);
+          posenc::mask_view<M> const mh = posenc::make_mask<M>(m16.data(), ms.batch, ms.heads, ms.q, ms.k);
+          posenc::mask_view<M> const* none = nullptr;
+          CHECK(paged_masked<posenc::path::fused>(cache, ids, q, sq, enc, opt, &mh) ==
+                paged_masked<posenc::path::fused>(cache, ids, q, sq, enc, ow, none));
+          CHECK(paged_masked<posenc::path::reference>(cache, ids, q, sq, enc, opt, &mh) ==
+                paged_masked<posenc::path::reference>(cache, ids, q, sq, enc, ow, none));
+        }
+  // A bad 16-bit mask throws before out is written.
+  std::vector<M> m16(static_cast<std::size_t>(n * Hq * 300));
+  std::vector<float> const q = random_vector<float>(static_cast<std::size_t>(n * Hq * D), 80);
+  std::vector<float> out(q.size(), 42.0f);
+  CHECK_THROWS_WITH(posenc::attention(posenc::make_bshd<const float>(q.data(), n, 1, Hq, D), cache, ids,
+                                      posenc::make_bshd(out.data(), n, 1, Hq, D), enc, {},
+                                      posenc::make_mask<M>(m16.data(), 2, Hq, 1, 300)),
+                    posenc_test::contains("mask (16-bit).batch is 2, expected 1 or 4 (seq_ids.size())"));
+  for (float x : out) CHECK(x == 42.0f);
+}
+
+}  // namespace
+
+TEST_CASE("paged attention with a 16-bit mask equals the float mask of its widened values, bit for bit",
+          "[paged][mask][half]") {
+  check_half_mask_float_cache<Eigen::half>();
+  check_half_mask_float_cache<Eigen::bfloat16>();
 }
 
 TEST_CASE("paged_kv_cache: a fork shares pages; appends never change another sequence's keys", "[paged]") {

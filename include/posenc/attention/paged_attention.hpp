@@ -78,6 +78,11 @@ attention_options<T> paged_entry_options(attention_options<T> const& opt, index_
   return o;
 }
 
+/// The 16-bit masks of entry b, cut as mask_entry cuts the float mask.
+inline half_masks paged_entry_masks(half_masks const& m, index_t b, index_t keys) noexcept {
+  return {mask_entry(m.half, b, keys), mask_entry(m.bfloat16, b, keys)};
+}
+
 /// Keys (or values) of one sequence gathered into a contiguous (1, L, H, d) copy (elements as stored).
 template <class T>
 view<const T> gather_sequence(paged_kv_cache<T> const& cache, index_t id, bool values, std::vector<T>& buf) {
@@ -160,7 +165,7 @@ void plan_chunks(fused::paged_work<T, S>& w, paged_kv_cache<S> const& cache, spa
 /// key positions are listed (growing by doubling).
 template <class T, class Q, class S>
 void fill_paged_plan(attention_plan<T>& p, view<const Q> q, paged_kv_cache<S> const& cache, index_t id,
-                     attention_options<T> const& o, bool relative) {
+                     attention_options<T> const& o, half_masks const& masks16, bool relative) {
   index_t const L = cache.length(id), first = cache.first_position(id);
   p.batch = 1;
   p.q_len = q.seq;
@@ -197,6 +202,7 @@ void fill_paged_plan(attention_plan<T>& p, view<const Q> q, paged_kv_cache<S> co
   if (!p.mask.empty() && p.mask.data == nullptr) p.mask.batch_stride = p.mask.head_stride = p.mask.q_stride = 0;
   if (!p.bool_mask.empty() && p.bool_mask.data == nullptr)
     p.bool_mask.batch_stride = p.bool_mask.head_stride = p.bool_mask.q_stride = 0;
+  set_half_masks(p, masks16);  // always: a reused plan keeps no mask of an earlier call
   p.lse = o.lse;
   p.scores = nullptr;
   p.threads = o.threads;
@@ -208,9 +214,13 @@ namespace detail {
 
 /// The paged call after its compile-time checks: q of Q, out of O, the cache
 /// stored as S, computed in T (Q, O, S each T, or 16-bit with float T).
+/// `masks16`: additive masks stored in 16 bits beside opt's float mask, with
+/// its per-entry rules (batch extent 1 or the entries; key j is the
+/// sequence's token j, the extent cut to each sequence's length).
 template <class Path, class T, class S, class Q, class O, class E>
 void paged_attention(view<const Q> q, paged_kv_cache<S> const& cache, span<const index_t> seq_ids, view<O> out,
-                     E const& enc, attention_options<T> const& opt, fused::paged_work<T, S>& work) {
+                     E const& enc, attention_options<T> const& opt, half_masks const& masks16,
+                     fused::paged_work<T, S>& work) {
   char const* w = "posenc::attention";
   constexpr bool rotates = encoder_traits<E>::rotates_queries_keys;
   bool const stored_rotated = cache.keys_rotated();
@@ -263,6 +273,21 @@ void paged_attention(view<const Q> q, paged_kv_cache<S> const& cache, span<const
     kb.seq = vb.seq = cache.length(id);
     detail::validate(detail::entry_of(q, b), kb, vb, detail::entry_of(out, b), enc, ob, w);
   }
+  if (!masks16.empty()) {
+    // The 16-bit mask over all entries at once: shape as opt.mask, its key
+    // extent cut to the longest sequence (the keys any entry reads), and no
+    // byte shared with out or lse of any entry (entries run in parallel).
+    index_t keys = 0;
+    for (index_t b = 0; b < n; ++b) keys = std::max(keys, cache.length(seq_ids[b]));
+    index_t const mb = masks16.half.empty() ? masks16.bfloat16.batch : masks16.half.batch;
+    detail::require(mb == 1 || mb == n, w, "mask (16-bit).batch is ", mb, ", expected 1 or ", n, " (seq_ids.size())");
+    view<const S> kall = pool_k;
+    kall.seq = keys;
+    half_masks whole = masks16;
+    whole.half.k = std::min(whole.half.k, keys);
+    whole.bfloat16.k = std::min(whole.bfloat16.k, keys);
+    detail::check_half_masks(w, whole, q, kall, out, opt);
+  }
   if (n == 0 || Sq == 0 || q.heads == 0) return;
   if constexpr (std::is_same_v<Path, path::reference> || std::is_same_v<Path, path::materialized>) {
     std::vector<S> kbuf, vbuf;
@@ -272,10 +297,10 @@ void paged_attention(view<const Q> q, paged_kv_cache<S> const& cache, span<const
                                                                   work.q_ids.data(), Sq, q.heads, stored_rotated);
       view<const S> const kb = detail::gather_sequence(cache, id, false, kbuf);
       view<const S> const vb = detail::gather_sequence(cache, id, true, vbuf);
-      if constexpr (std::is_same_v<S, T>)
-        posenc::attention<Path, T>(detail::entry_of(q, b), kb, vb, detail::entry_of(out, b), enc, ob);
-      else  // the 16-bit view call (float compute; path::reference accumulates in double)
-        posenc::attention<Path>(detail::entry_of(q, b), kb, vb, detail::entry_of(out, b), enc, ob);
+      // The contiguous call on the gathered sequence (its compile-time checks
+      // are the entry point's; over 16 bits path::reference accumulates in double).
+      detail::run_attention<Path, false>(detail::entry_of(q, b), kb, vb, detail::entry_of(out, b), enc, ob,
+                                         detail::paged_entry_masks(masks16, b, cache.length(id)));
     }
   } else {
     static_assert(std::is_same_v<Path, path::fused> || std::is_same_v<Path, path::best>,
@@ -344,7 +369,7 @@ void paged_attention(view<const Q> q, paged_kv_cache<S> const& cache, span<const
       attention_options<T> const ob = detail::paged_entry_options(opt, b, cache.first_position(id), cache.length(id),
                                                                   work.q_ids.data(), Sq, q.heads, stored_rotated);
       detail::fill_paged_plan(work.plans[static_cast<std::size_t>(b)], detail::entry_of(q, b), cache, id, ob,
-                              encoder_traits<E>::is_relative);
+                              detail::paged_entry_masks(masks16, b, cache.length(id)), encoder_traits<E>::is_relative);
       total += cache.length(id) - detail::paged_first_key(enc, cache.length(id), Sq);
     }
     auto const first_key = [&](index_t b) { return detail::paged_first_key(enc, cache.length(seq_ids[b]), Sq); };
@@ -380,6 +405,52 @@ void paged_attention(view<const Q> q, paged_kv_cache<S> const& cache, span<const
 
 }  // namespace detail
 
+namespace detail {
+
+/// The float or double paged call after the compile-time checks of the
+/// contiguous call for T (one sentence per misuse).
+template <class Path, class T, class E>
+void paged_call(view<const T> q, paged_kv_cache<T> const& cache, span<const index_t> seq_ids, view<T> out,
+                E const& enc, attention_options<T> const& opt, half_masks const& masks16,
+                paged_attention_workspace<T>& ws) {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "posenc::attention: T must be float or double");
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+    if constexpr (attention_encoder_ok<T, E>())
+      paged_attention<Path>(q, cache, seq_ids, out, enc, opt, masks16, ws.buffers());
+  }
+}
+
+/// The 16-bit paged call after its compile-time checks: the mixes of q and
+/// out, the path, then the encoder as the contiguous 16-bit call checks it
+/// (attention_encoder_ok for float: float tables, or 16-bit tables computing
+/// in float). One sentence per misuse: each check assumes the ones above it passed.
+template <class Path, class S, class Q, class O, class E>
+void paged_call_half(view<Q> q, paged_kv_cache<S> const& cache, span<const index_t> seq_ids, view<O> out,
+                     E const& enc, attention_options<float> const& opt, half_masks const& masks16,
+                     paged_attention_workspace<S>& ws) {
+  using QS = std::remove_const_t<Q>;
+  constexpr bool no_double = !std::is_same_v<QS, double> && !std::is_same_v<O, double>;
+  static_assert(no_double,
+                "posenc::attention: over a 16-bit paged_kv_cache, q and out must be float or of the cache's "
+                "16-bit type; double q or out is not supported");
+  static_assert(!no_double || std::is_same_v<QS, O>,
+                "posenc::attention: q and out must have the same element type (both float, or both the "
+                "cache's 16-bit type)");
+  static_assert(!no_double || !std::is_same_v<QS, O> || std::is_same_v<QS, float> || std::is_same_v<QS, S>,
+                "posenc::attention: over a 16-bit paged_kv_cache, q and out are float or of the cache's 16-bit "
+                "type; q of the other 16-bit type is not supported");
+  static_assert(!std::is_same_v<Path, path::materialized>,
+                "posenc::attention: path::materialized is not available over a 16-bit paged_kv_cache; use "
+                "path::fused (or path::best) or path::reference");
+  if constexpr (std::is_same_v<QS, O> && (std::is_same_v<QS, float> || std::is_same_v<QS, S>) &&
+                !std::is_same_v<Path, path::materialized>) {
+    if constexpr (attention_encoder_ok<float, E>())
+      paged_attention<Path>(view<const QS>(q), cache, seq_ids, out, enc, opt, masks16, ws.buffers());
+  }
+}
+
+}  // namespace detail
+
 /// Attention of each query entry over the keys and values of one sequence of
 /// a paged_kv_cache, all entries in one call (a batched decode step: one query
 /// token per sequence, or a few for speculative decoding; or a prefill chunk).
@@ -405,7 +476,8 @@ void paged_attention(view<const Q> q, paged_kv_cache<S> const& cache, span<const
 ///   segment memory; with memory_length() = M > 0 an entry attends to its last
 ///   M memory keys and its Sq current keys (the keys before are skipped, not
 ///   copied), and every query is shifted by the content bias u, as in the
-///   contiguous call (float and double caches; not over a 16-bit cache).
+///   contiguous call (over a 16-bit cache too: q + u in float, from the
+///   16-bit pages as they are).
 ///
 /// path::fused and path::best read the pages in place: the keys of an entry
 /// are one chunk (cut into several to keep the threads busy) that walks its
@@ -427,19 +499,32 @@ template <class Path = path::best, class T, class E, std::enable_if_t<!is_half_s
 void attention(view<const detail::identity_t<T>> q, paged_kv_cache<T> const& cache, span<const index_t> seq_ids,
                view<detail::identity_t<T>> out, E const& enc, attention_options<detail::identity_t<T>> const& opt,
                paged_attention_workspace<T>& ws) {
-  static_assert(has_encoder_traits_v<E>, "posenc::attention: E is not an encoder; specialize posenc::encoder_traits<E>");
-  static_assert(!encoder_traits<E>::adds_to_embeddings,
-                "posenc::attention: this encoder adds to embeddings, which the attention kernel cannot reach");
-  static_assert(detail::encoder_contract_problem<E, T>() == detail::contract_problem::none,
-                "posenc::attention: the encoder does not meet the encoder contract for T (see encoding/traits.hpp)");
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "posenc::attention: T must be float or double");
-  detail::paged_attention<Path>(q, cache, seq_ids, out, enc, opt, ws.buffers());
+  detail::paged_call<Path, T>(q, cache, seq_ids, out, enc, opt, {}, ws);
+}
+
+/// The call above with an additive mask stored in 16 bits (`mask_view<M>`, M
+/// `Eigen::half` or `Eigen::bfloat16`), added beside opt.mask and
+/// opt.bool_mask with their per-entry rules (batch extent 1 or the number of
+/// entries; key index j is the sequence's token j, an extent past a
+/// sequence's length cut to it, a shorter one masking the keys past it).
+/// Each element is widened exactly as it is read: the result is that of a
+/// float mask holding the widened values, bit for bit, on every path. Its
+/// checks name it `mask (16-bit)`; it shares no byte with out or lse.
+template <class Path = path::best, class T, class E, class M,
+          std::enable_if_t<!is_half_storage_v<T> && is_half_storage_v<M>, int> = 0>
+void attention(view<const detail::identity_t<T>> q, paged_kv_cache<T> const& cache, span<const index_t> seq_ids,
+               view<detail::identity_t<T>> out, E const& enc, attention_options<detail::identity_t<T>> const& opt,
+               mask_view<M> const& mask16, paged_attention_workspace<T>& ws) {
+  detail::paged_call<Path, T>(q, cache, seq_ids, out, enc, opt, detail::half_masks_of(mask16), ws);
 }
 
 /// Attention over a paged_kv_cache stored in 16 bits (paged_kv_cache<Eigen::half>
 /// or paged_kv_cache<Eigen::bfloat16>), with the contract of the call above.
 /// The mixes of the contiguous 16-bit cache: q and out float, or both of the
-/// cache's 16-bit type (all-16-bit); options float, encoder tables float.
+/// cache's 16-bit type (all-16-bit); options float; encoders those of the
+/// contiguous 16-bit call: float, or with a 16-bit table computing in float
+/// (t5_bias, clipped_bias, shaw of Eigen::half or Eigen::bfloat16), and
+/// transformer_xl (memory cut and content bias as above).
 /// Computed in float: path::fused and path::best read the 16-bit pages in
 /// place and widen K and V in registers (the lane kernel: each key tile once
 /// into float scratch), no float copy of the cache; a 16-bit q is widened as
@@ -451,56 +536,50 @@ void attention(view<const detail::identity_t<T>> q, paged_kv_cache<T> const& cac
 template <class Path = path::best, class S, class Q, class O, class E, std::enable_if_t<is_half_storage_v<S>, int> = 0>
 void attention(view<Q> q, paged_kv_cache<S> const& cache, span<const index_t> seq_ids, view<O> out, E const& enc,
                attention_options<float> const& opt, paged_attention_workspace<S>& ws) {
-  using QS = std::remove_const_t<Q>;
-  // One sentence per misuse: each check assumes the ones above it passed.
-  constexpr bool no_double = !std::is_same_v<QS, double> && !std::is_same_v<O, double>;
-  static_assert(no_double,
-                "posenc::attention: over a 16-bit paged_kv_cache, q and out must be float or of the cache's "
-                "16-bit type; double q or out is not supported");
-  static_assert(!no_double || std::is_same_v<QS, O>,
-                "posenc::attention: q and out must have the same element type (both float, or both the "
-                "cache's 16-bit type)");
-  static_assert(!no_double || !std::is_same_v<QS, O> || std::is_same_v<QS, float> || std::is_same_v<QS, S>,
-                "posenc::attention: over a 16-bit paged_kv_cache, q and out are float or of the cache's 16-bit "
-                "type; q of the other 16-bit type is not supported");
-  static_assert(!std::is_same_v<Path, path::materialized>,
-                "posenc::attention: path::materialized is not available over a 16-bit paged_kv_cache; use "
-                "path::fused (or path::best) or path::reference");
-  static_assert(has_encoder_traits_v<E>, "posenc::attention: E is not an encoder; specialize posenc::encoder_traits<E>");
-  static_assert(!is_half_storage_v<typename detail::encoder_value_type<E>::type>,
-                "posenc::attention: encoder tables are float for now; build the encoder with float "
-                "(e.g. rope<float>, t5_bias<float>) for a 16-bit cache");
-  if constexpr (std::is_same_v<QS, O> && (std::is_same_v<QS, float> || std::is_same_v<QS, S>) &&
-                !std::is_same_v<Path, path::materialized> && has_encoder_traits_v<E>) {
-    static_assert(!encoder_traits<E>::adds_to_embeddings,
-                  "posenc::attention: this encoder adds to embeddings, which the attention kernel cannot reach");
-    static_assert(detail::encoder_contract_problem<E, float>() == detail::contract_problem::none,
-                  "posenc::attention: the encoder does not meet the encoder contract for float (see "
-                  "encoding/traits.hpp)");
-    static_assert(!detail::has_memory_length<E>::value && !detail::has_content_bias<E, float>::value,
-                  "posenc::attention: encoders with a segment memory or a content bias (transformer_xl) are not "
-                  "supported over a 16-bit paged_kv_cache");
-    if constexpr (!encoder_traits<E>::adds_to_embeddings &&
-                  detail::encoder_contract_problem<E, float>() == detail::contract_problem::none &&
-                  !detail::has_memory_length<E>::value && !detail::has_content_bias<E, float>::value)
-      detail::paged_attention<Path>(view<const QS>(q), cache, seq_ids, out, enc, opt, ws.buffers());
-  }
+  detail::paged_call_half<Path>(q, cache, seq_ids, out, enc, opt, {}, ws);
 }
 
-/// As above with a workspace of its own (allocates its buffers on every call).
+/// The 16-bit call above with an additive mask stored in 16 bits
+/// (`mask_view<M>`, M `Eigen::half` or `Eigen::bfloat16`, either over either
+/// cache), with the rules of the float cache's 16-bit mask above: widened
+/// exactly as read, the result that of the float mask of the widened values.
+template <class Path = path::best, class S, class Q, class O, class E, class M,
+          std::enable_if_t<is_half_storage_v<S> && is_half_storage_v<M>, int> = 0>
+void attention(view<Q> q, paged_kv_cache<S> const& cache, span<const index_t> seq_ids, view<O> out, E const& enc,
+               attention_options<float> const& opt, mask_view<M> const& mask16, paged_attention_workspace<S>& ws) {
+  detail::paged_call_half<Path>(q, cache, seq_ids, out, enc, opt, detail::half_masks_of(mask16), ws);
+}
+
+/// The calls above with a workspace of their own (allocating their buffers on every call).
 template <class Path = path::best, class T, class E, std::enable_if_t<!is_half_storage_v<T>, int> = 0>
 void attention(view<const detail::identity_t<T>> q, paged_kv_cache<T> const& cache, span<const index_t> seq_ids,
                view<detail::identity_t<T>> out, E const& enc, attention_options<detail::identity_t<T>> const& opt = {}) {
   paged_attention_workspace<T> ws;
-  attention<Path, T>(q, cache, seq_ids, out, enc, opt, ws);
+  detail::paged_call<Path, T>(q, cache, seq_ids, out, enc, opt, {}, ws);
 }
 
-/// The 16-bit call above with a workspace of its own (allocates its buffers on every call).
+template <class Path = path::best, class T, class E, class M,
+          std::enable_if_t<!is_half_storage_v<T> && is_half_storage_v<M>, int> = 0>
+void attention(view<const detail::identity_t<T>> q, paged_kv_cache<T> const& cache, span<const index_t> seq_ids,
+               view<detail::identity_t<T>> out, E const& enc, attention_options<detail::identity_t<T>> const& opt,
+               mask_view<M> const& mask16) {
+  paged_attention_workspace<T> ws;
+  detail::paged_call<Path, T>(q, cache, seq_ids, out, enc, opt, detail::half_masks_of(mask16), ws);
+}
+
 template <class Path = path::best, class S, class Q, class O, class E, std::enable_if_t<is_half_storage_v<S>, int> = 0>
 void attention(view<Q> q, paged_kv_cache<S> const& cache, span<const index_t> seq_ids, view<O> out, E const& enc,
                attention_options<float> const& opt = {}) {
   paged_attention_workspace<S> ws;
-  attention<Path>(q, cache, seq_ids, out, enc, opt, ws);
+  detail::paged_call_half<Path>(q, cache, seq_ids, out, enc, opt, {}, ws);
+}
+
+template <class Path = path::best, class S, class Q, class O, class E, class M,
+          std::enable_if_t<is_half_storage_v<S> && is_half_storage_v<M>, int> = 0>
+void attention(view<Q> q, paged_kv_cache<S> const& cache, span<const index_t> seq_ids, view<O> out, E const& enc,
+               attention_options<float> const& opt, mask_view<M> const& mask16) {
+  paged_attention_workspace<S> ws;
+  detail::paged_call_half<Path>(q, cache, seq_ids, out, enc, opt, detail::half_masks_of(mask16), ws);
 }
 
 }  // namespace posenc
