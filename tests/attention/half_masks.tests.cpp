@@ -1,6 +1,9 @@
 // SPDX-License-Identifier: MIT
-// Additive masks stored in 16 bits: exactly the float mask of the widened values, on every path and tensor type.
+// Additive masks stored in 16 bits: exactly the float mask of the widened values, on every path and tensor type,
+// through the contiguous, kv_cache and packed calls.
 #include <posenc/attention/attention.hpp>
+#include <posenc/attention/kv_cache.hpp>
+#include <posenc/attention/packed.hpp>
 #include <posenc/core/half.hpp>
 #include <posenc/encoding/alibi.hpp>
 #include <posenc/encoding/none.hpp>
@@ -94,6 +97,129 @@ void check_shapes() {
   }
 }
 
+/// The float values of a 16-bit mask (exact).
+template <class S>
+std::vector<float> widened(std::vector<S> const& m) {
+  std::vector<float> f(m.size());
+  for (std::size_t i = 0; i < m.size(); ++i) f[i] = widen(m[i]);
+  return f;
+}
+
+/// Random values (float) rounded to X.
+template <class X>
+std::vector<X> random_x(std::size_t n, std::uint64_t seed) {
+  std::vector<float> const f = posenc_test::random_vector<float>(n, seed);
+  std::vector<X> x(n);
+  for (std::size_t i = 0; i < n; ++i) x[i] = posenc::detail::to_storage<X>(f[i]);
+  return x;
+}
+
+/// Elements of out (X) and lse (float) whose bits differ between two runs, plus any NaN out.
+template <class X>
+std::size_t bit_mismatches(std::vector<X> const& o16, std::vector<X> const& o32, std::vector<float> const& l16,
+                           std::vector<float> const& l32) {
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < o16.size(); ++i)
+    bad += std::memcmp(&o16[i], &o32[i], sizeof(X)) != 0 || std::isnan(widen(o16[i])) || std::isnan(widen(o32[i]))
+               ? 1
+               : 0;
+  for (std::size_t i = 0; i < l16.size(); ++i) bad += std::memcmp(&l16[i], &l32[i], sizeof(float)) != 0 ? 1 : 0;
+  return bad;
+}
+
+/// A kv_cache of X (float, or a 16-bit S with q and out S) holding Sk tokens
+/// from position 5, appended in two steps.
+template <class X>
+posenc::kv_cache<X> filled_cache() {
+  posenc::kv_cache<X> cache(B, H, D, 0, 5);
+  auto const k = posenc_test::random_vector<float>(static_cast<std::size_t>(B * Sk * H * D), 12);
+  auto const v = posenc_test::random_vector<float>(static_cast<std::size_t>(B * Sk * H * D), 13);
+  index_t const first = 12;
+  auto part = [&](std::vector<float> const& x, index_t s0, index_t n) {
+    return posenc::view<const float>{x.data() + s0 * H * D, B, n, H, D, Sk * H * D, H * D, D};
+  };
+  cache.append(part(k, 0, first), part(v, 0, first), posenc::none{});
+  cache.append(part(k, first, Sk - first), part(v, first, Sk - first), posenc::none{});
+  return cache;
+}
+
+/// As mask_mismatches, through the kv_cache call: `attention<P>(q, cache, out,
+/// enc, opt, mask16)` against the same call with opt.mask the widened values.
+/// X: float (kv_cache<float>) or S (kv_cache<S>, q and out S).
+template <class P, class X, class S, class E>
+std::size_t cache_mask_mismatches(shape ms, E const& enc, bool causal) {
+  std::vector<S> const m16 = random_mask<S>(ms, 71 + static_cast<std::uint64_t>(ms.batch * 8 + ms.heads * 4 + ms.q));
+  std::vector<float> const m32 = widened(m16);
+  posenc::kv_cache<X> const cache = filled_cache<X>();
+  auto const qx = random_x<X>(static_cast<std::size_t>(B * Sq * H * D), 11);
+  auto q = posenc::make_bshd(qx.data(), B, Sq, H, D);
+  std::vector<X> o16(qx.size()), o32(qx.size());
+  std::vector<float> l16(static_cast<std::size_t>(B * H * Sq)), l32(l16.size());
+  posenc::attention_options<float> opt;
+  opt.causal = causal;
+  opt.threads = 1;
+  opt.lse = l16.data();
+  posenc::attention<P>(q, cache, posenc::make_bshd(o16.data(), B, Sq, H, D), enc, opt,
+                       posenc::make_mask(m16.data(), ms.batch, ms.heads, ms.q, ms.k));
+  opt.lse = l32.data();
+  opt.mask = posenc::make_mask(m32.data(), ms.batch, ms.heads, ms.q, ms.k);
+  posenc::attention<P>(q, cache, posenc::make_bshd(o32.data(), B, Sq, H, D), enc, opt);
+  return bit_mismatches(o16, o32, l16, l32);
+}
+
+/// Packed sequences: queries and keys of each (one without queries; with
+/// causal, each its own bottom-right alignment).
+constexpr index_t packed_q[] = {3, 0, 5, 1}, packed_k[] = {7, 4, 6, 9};
+constexpr index_t Qt = 9, Kt = 26;  // their sums
+
+/// As mask_mismatches, through the packed call: (1, 1 or H, 1 or Qt, <= Kt)
+/// masks in packed coordinates; X: float tensors or all-16-bit S tensors.
+template <class P, class X, class S, class E>
+std::size_t packed_mask_mismatches(shape ms, E const& enc, bool causal) {
+  std::vector<S> const m16 = random_mask<S>(ms, 91 + static_cast<std::uint64_t>(ms.heads * 4 + ms.q + ms.k));
+  std::vector<float> const m32 = widened(m16);
+  std::vector<index_t> const cq = posenc::cumulative_lengths(posenc::span<const index_t>(packed_q, 4));
+  std::vector<index_t> const ck = posenc::cumulative_lengths(posenc::span<const index_t>(packed_k, 4));
+  posenc::packed_sequences const seqs{posenc::span<const index_t>(cq.data(), 5),
+                                      posenc::span<const index_t>(ck.data(), 5)};
+  auto const qx = random_x<X>(static_cast<std::size_t>(Qt * H * D), 21);
+  auto const kx = random_x<X>(static_cast<std::size_t>(Kt * H * D), 22);
+  auto const vx = random_x<X>(static_cast<std::size_t>(Kt * H * D), 23);
+  auto q = posenc::make_bshd(qx.data(), 1, Qt, H, D);
+  auto k = posenc::make_bshd(kx.data(), 1, Kt, H, D);
+  auto v = posenc::make_bshd(vx.data(), 1, Kt, H, D);
+  std::vector<X> o16(qx.size()), o32(qx.size());
+  std::vector<float> l16(static_cast<std::size_t>(H * Qt)), l32(l16.size());
+  posenc::attention_options<float> opt;
+  opt.causal = causal;
+  opt.threads = 2;  // sequences on two threads; each result is the same
+  opt.lse = l16.data();
+  posenc::attention<P>(q, k, v, posenc::make_bshd(o16.data(), 1, Qt, H, D), seqs, enc, opt,
+                       posenc::make_mask(m16.data(), ms.batch, ms.heads, ms.q, ms.k));
+  opt.lse = l32.data();
+  opt.mask = posenc::make_mask(m32.data(), ms.batch, ms.heads, ms.q, ms.k);
+  posenc::attention<P>(q, k, v, posenc::make_bshd(o32.data(), 1, Qt, H, D), seqs, enc, opt);
+  return bit_mismatches(o16, o32, l16, l32);
+}
+
+template <class P, class X, class S>
+void check_calls() {
+  posenc::alibi<float> const enc(posenc::alibi_form::paper, H);
+  // The last cache shape: a key extent shorter than cache.length() masks the cached keys past it.
+  for (shape ms : {shape{1, 1, 1, Sk}, shape{B, H, Sq, Sk}, shape{1, H, 1, Sk}, shape{1, 1, Sq, Sk - 4}}) {
+    CAPTURE(ms.batch, ms.heads, ms.q, ms.k);
+    CHECK(cache_mask_mismatches<P, X, S>(ms, posenc::none{}, false) == 0);
+    CHECK(cache_mask_mismatches<P, X, S>(ms, enc, true) == 0);
+  }
+  // Packed: key extents ending inside the last sequence's keys (18) and
+  // inside sequence 2's (13: sequence 3 fully masked, zero rows, lse -inf).
+  for (shape ms : {shape{1, 1, 1, Kt}, shape{1, H, Qt, Kt}, shape{1, 1, Qt, Kt - 8}, shape{1, H, 1, 13}}) {
+    CAPTURE(ms.batch, ms.heads, ms.q, ms.k);
+    CHECK(packed_mask_mismatches<P, X, S>(ms, posenc::none{}, false) == 0);
+    CHECK(packed_mask_mismatches<P, X, S>(ms, enc, true) == 0);
+  }
+}
+
 }  // namespace
 
 TEMPLATE_TEST_CASE("16-bit mask: exactly the float mask of the widened values, broadcast shapes, every path",
@@ -164,5 +290,93 @@ TEST_CASE("16-bit mask: a bad shape or an output over the mask throws before any
                     posenc_test::contains("overlaps mask (16-bit)"));
   std::size_t touched = 0;
   for (float o : out) touched += o != 7.0f ? 1 : 0;
+  CHECK(touched == 0);
+}
+
+TEMPLATE_TEST_CASE("16-bit mask over a kv_cache and packed sequences: exactly the float mask of the widened values",
+                   "[mask][half][kv_cache][packed]", Eigen::half, Eigen::bfloat16) {
+  using S = TestType;
+  SECTION("float tensors, kv_cache<float>") {
+    check_calls<posenc::path::fused, float, S>();
+    check_calls<posenc::path::reference, float, S>();
+  }
+  SECTION("all-16-bit tensors, kv_cache<S>") {
+    check_calls<posenc::path::fused, S, S>();
+    check_calls<posenc::path::reference, S, S>();
+  }
+}
+
+TEST_CASE("16-bit mask over a kv_cache or packed sequences: a bad shape or overlap throws before anything is written",
+          "[mask][half][kv_cache][packed]") {
+  using bf16 = Eigen::bfloat16;
+  std::vector<bf16> m(static_cast<std::size_t>(H * Qt * Kt));
+  auto mask = [&](index_t b, index_t h, index_t q, index_t k) {
+    return posenc::make_mask(static_cast<bf16 const*>(m.data()), b, h, q, k);
+  };
+  posenc::attention_options<float> opt;
+  std::size_t touched = 0;
+  {
+    posenc::kv_cache<float> const cache = filled_cache<float>();
+    posenc::kv_cache<Eigen::half> const cache16 = filled_cache<Eigen::half>();
+    auto const qv = random_x<float>(static_cast<std::size_t>(B * Sq * H * D), 4);
+    auto const qh = random_x<Eigen::half>(qv.size(), 4);
+    auto q = posenc::make_bshd(qv.data(), B, Sq, H, D);
+    auto q16 = posenc::make_bshd(qh.data(), B, Sq, H, D);
+    std::vector<float> out(qv.size(), 7.0f);
+    std::vector<Eigen::half> out16(qv.size(), Eigen::half(7.0f));
+    auto o = posenc::make_bshd(out.data(), B, Sq, H, D);
+    auto o16 = posenc::make_bshd(out16.data(), B, Sq, H, D);
+    CHECK_THROWS_WITH(posenc::attention(q, cache, o, posenc::none{}, opt, mask(1, 1, Sq, Sk + 1)),
+                      posenc_test::contains("posenc::attention: mask (16-bit).k is 22, expected 0 .. 21 (cache.length()"));
+    CHECK_THROWS_WITH(posenc::attention(q16, cache16, o16, posenc::none{}, opt, mask(1, 1, Sq, Sk + 1)),
+                      posenc_test::contains("posenc::attention: mask (16-bit).k is 22, expected 0 .. 21 (cache.length()"));
+    CHECK_THROWS_WITH(posenc::attention(q, cache, o, posenc::none{}, opt, mask(1, 1, Sq + 1, Sk)),
+                      posenc_test::contains("mask (16-bit).q is 8, expected 1 or 7"));
+    CHECK_THROWS_WITH(posenc::attention(q16, cache16, o16, posenc::none{}, opt, mask(1, H + 1, 1, Sk)),
+                      posenc_test::contains("mask (16-bit).heads is 4, expected 1 or 3"));
+    std::vector<float> lse(static_cast<std::size_t>(B * H * Sq));  // the mask lives inside lse's bytes
+    opt.lse = lse.data();
+    CHECK_THROWS_WITH(posenc::attention(q, cache, o, posenc::none{}, opt,
+                                        posenc::make_mask(reinterpret_cast<bf16 const*>(lse.data()), 1, 1, 1, Sk)),
+                      posenc_test::contains("overlaps mask (16-bit)"));
+    opt.lse = nullptr;
+    for (float x : out) touched += x != 7.0f ? 1 : 0;
+    for (Eigen::half x : out16) touched += widen(x) != 7.0f ? 1 : 0;
+  }
+  {
+    std::vector<index_t> const cq = posenc::cumulative_lengths(posenc::span<const index_t>(packed_q, 4));
+    std::vector<index_t> const ck = posenc::cumulative_lengths(posenc::span<const index_t>(packed_k, 4));
+    posenc::packed_sequences const seqs{posenc::span<const index_t>(cq.data(), 5),
+                                        posenc::span<const index_t>(ck.data(), 5)};
+    auto const qv = random_x<float>(static_cast<std::size_t>(Kt * H * D), 5);
+    auto const qh = random_x<Eigen::half>(qv.size(), 5);
+    auto q = posenc::make_bshd(qv.data(), 1, Qt, H, D);
+    auto k = posenc::make_bshd(qv.data(), 1, Kt, H, D);
+    auto q16 = posenc::make_bshd(qh.data(), 1, Qt, H, D);
+    auto k16 = posenc::make_bshd(qh.data(), 1, Kt, H, D);
+    std::vector<float> out(static_cast<std::size_t>(Qt * H * D), 7.0f);
+    std::vector<Eigen::half> out16(out.size(), Eigen::half(7.0f));
+    auto o = posenc::make_bshd(out.data(), 1, Qt, H, D);
+    auto o16 = posenc::make_bshd(out16.data(), 1, Qt, H, D);
+    CHECK_THROWS_WITH(posenc::attention(q, k, k, o, seqs, posenc::none{}, opt, mask(1, 1, Qt, Kt + 1)),
+                      posenc_test::contains("posenc::attention: mask (16-bit).k is 27, expected 0 .. 26"));
+    CHECK_THROWS_WITH(posenc::attention(q16, k16, k16, o16, seqs, posenc::none{}, opt, mask(1, 1, Qt, Kt + 1)),
+                      posenc_test::contains("posenc::attention: mask (16-bit).k is 27, expected 0 .. 26"));
+    CHECK_THROWS_WITH(posenc::attention(q, k, k, o, seqs, posenc::none{}, opt, mask(2, 1, 1, Kt)),
+                      posenc_test::contains("mask (16-bit).batch is 2, expected 1 or 1"));
+    CHECK_THROWS_WITH(posenc::attention(q16, k16, k16, o16, seqs, posenc::none{}, opt, mask(1, 1, Sq, Kt)),
+                      posenc_test::contains("mask (16-bit).q is 7, expected 1 or 9"));
+    std::vector<float> lse(static_cast<std::size_t>(H * Qt));
+    opt.lse = lse.data();
+    CHECK_THROWS_WITH(posenc::attention(q, k, k, o, seqs, posenc::none{}, opt,
+                                        posenc::make_mask(reinterpret_cast<bf16 const*>(lse.data()), 1, 1, 1, Kt)),
+                      posenc_test::contains("overlaps mask (16-bit)"));
+    opt.lse = nullptr;
+    CHECK_THROWS_WITH(posenc::attention(q16, k16, k16, o16, seqs, posenc::none{}, opt,
+                                        posenc::make_mask(reinterpret_cast<bf16 const*>(out16.data()), 1, 1, 1, Kt)),
+                      posenc_test::contains("out is at bytes"));
+    for (float x : out) touched += x != 7.0f ? 1 : 0;
+    for (Eigen::half x : out16) touched += widen(x) != 7.0f ? 1 : 0;
+  }
   CHECK(touched == 0);
 }

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: MIT
 // 16-bit tensors (Eigen::half, Eigen::bfloat16): K and V with float q and out, and all-16-bit q, k, v and out;
-// fused and reference paths, and 16-bit kv_cache.
+// fused and reference paths, 16-bit kv_cache and packed sequences.
 #include <posenc/attention/attention.hpp>
 #include <posenc/attention/fused.hpp>
+#include <posenc/attention/packed.hpp>
 #include <posenc/core/half.hpp>
 #include <posenc/encoding/alibi.hpp>
 #include <posenc/encoding/none.hpp>
@@ -11,6 +12,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <initializer_list>
 #include <limits>
 #include <string>
@@ -584,7 +586,83 @@ void check_reference_rounds_once(std::initializer_list<std::uint16_t> evens) {
   CHECK(bad_random == 0);
 }
 
+/// Packed 16-bit tensors: q and out of QS (float, or S for all-16-bit), k
+/// and v of S, n sequences back to back with GQA, key lengths and lse. Every
+/// sequence's out rows and lse must be those of the contiguous 16-bit call on
+/// its rows alone, bit for bit; returns the number of elements that differ.
+template <class Path, class QS, class S, class E>
+std::size_t packed16_mismatches(E const& enc, bool causal) {
+  index_t const Hq = 4, Hkv = 2, D = 16, n = 4;
+  index_t const lq[n] = {4, 1, 0, 6}, lk[n] = {9, 5, 3, 11}, keys[n] = {9, 3, 2, 10};
+  std::vector<index_t> const cq = posenc::cumulative_lengths(posenc::span<const index_t>(lq, n));
+  std::vector<index_t> const ck = posenc::cumulative_lengths(posenc::span<const index_t>(lk, n));
+  index_t const Qt = cq.back(), Kt = ck.back();
+  auto draw = [](auto tag, index_t count, std::uint64_t seed) {
+    using X = decltype(tag);
+    std::vector<float> const f = posenc_test::random_vector<float>(static_cast<std::size_t>(count), seed, -2, 2);
+    std::vector<X> x(f.size());
+    for (std::size_t i = 0; i < f.size(); ++i) x[i] = posenc::detail::to_storage<X>(f[i]);
+    return x;
+  };
+  std::vector<QS> const qd = draw(QS{}, Qt * Hq * D, 41);
+  std::vector<S> const kd = draw(S{}, Kt * Hkv * D, 42), vd = draw(S{}, Kt * Hkv * D, 43);
+  std::vector<QS> out(qd.size(), posenc::detail::to_storage<QS>(-7.0f));
+  std::vector<float> lse(static_cast<std::size_t>(Hq * Qt), -7.0f);
+  posenc::attention_options<float> opt;
+  opt.causal = causal;
+  opt.key_lengths = posenc::span<const index_t>(keys, n);
+  opt.lse = lse.data();
+  opt.threads = 2;
+  posenc::packed_sequences const seqs{posenc::span<const index_t>(cq.data(), n + 1),
+                                      posenc::span<const index_t>(ck.data(), n + 1)};
+  posenc::attention<Path>(posenc::make_bshd(qd.data(), 1, Qt, Hq, D), posenc::make_bshd(kd.data(), 1, Kt, Hkv, D),
+                          posenc::make_bshd(vd.data(), 1, Kt, Hkv, D), posenc::make_bshd(out.data(), 1, Qt, Hq, D),
+                          seqs, enc, opt);
+  std::size_t bad = 0;
+  for (index_t s = 0; s < n; ++s) {
+    index_t const q0 = cq[static_cast<std::size_t>(s)], k0 = ck[static_cast<std::size_t>(s)];
+    std::vector<QS> one(static_cast<std::size_t>(lq[s] * Hq * D), posenc::detail::to_storage<QS>(-7.0f));
+    std::vector<float> one_lse(static_cast<std::size_t>(Hq * lq[s]), -7.0f);
+    posenc::attention_options<float> o = opt;
+    o.key_lengths = posenc::span<const index_t>(keys + s, 1);
+    o.lse = one_lse.data();
+    o.threads = 1;
+    posenc::attention<Path>(posenc::make_bshd(qd.data() + q0 * Hq * D, 1, lq[s], Hq, D),
+                            posenc::make_bshd(kd.data() + k0 * Hkv * D, 1, lk[s], Hkv, D),
+                            posenc::make_bshd(vd.data() + k0 * Hkv * D, 1, lk[s], Hkv, D),
+                            posenc::make_bshd(one.data(), 1, lq[s], Hq, D), enc, o);
+    for (std::size_t i = 0; i < one.size(); ++i)
+      bad += std::memcmp(&one[i], &out[static_cast<std::size_t>(q0 * Hq * D) + i], sizeof(QS)) != 0 ? 1 : 0;
+    for (index_t h = 0; h < Hq; ++h)
+      for (index_t i = 0; i < lq[s]; ++i)
+        bad += std::memcmp(&one_lse[static_cast<std::size_t>(h * lq[s] + i)],
+                           &lse[static_cast<std::size_t>(h * Qt + q0 + i)], sizeof(float)) != 0
+                   ? 1
+                   : 0;
+  }
+  return bad;
+}
+
+template <class S>
+void check_packed16() {
+  posenc::alibi<float> const alibi(posenc::alibi_form::symmetric, 4);
+  CHECK(packed16_mismatches<posenc::path::fused, float, S>(posenc::none{}, false) == 0);
+  CHECK(packed16_mismatches<posenc::path::fused, float, S>(alibi, true) == 0);
+  CHECK(packed16_mismatches<posenc::path::fused, S, S>(posenc::none{}, true) == 0);
+  CHECK(packed16_mismatches<posenc::path::fused, S, S>(alibi, false) == 0);
+  CHECK(packed16_mismatches<posenc::path::reference, float, S>(posenc::none{}, true) == 0);
+  CHECK(packed16_mismatches<posenc::path::reference, float, S>(alibi, false) == 0);
+  CHECK(packed16_mismatches<posenc::path::reference, S, S>(posenc::none{}, false) == 0);
+  CHECK(packed16_mismatches<posenc::path::reference, S, S>(alibi, true) == 0);
+}
+
 }  // namespace
+
+TEST_CASE("packed sequences with 16-bit tensors: each sequence is the contiguous 16-bit call on its rows alone",
+          "[half][packed]") {
+  SECTION("binary16") { check_packed16<Eigen::half>(); }
+  SECTION("bfloat16") { check_packed16<Eigen::bfloat16>(); }
+}
 
 TEST_CASE("16-bit output of the reference: the double result rounded once, also just above a midpoint", "[half]") {
   SECTION("binary16") { check_reference_rounds_once<Eigen::half>({0x3c00, 0x3c02, 0x4100, 0x0402, 0x5000}); }

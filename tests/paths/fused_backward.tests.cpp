@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 // attention_backward on path::fused against the double reference: shapes around every tile and width, every option and encoder.
 #include <posenc/attention/backward.hpp>
+#include <posenc/core/half.hpp>
 #include <posenc/encoding/alibi.hpp>
 #include <posenc/encoding/clipped_bias.hpp>
 #include <posenc/encoding/compose.hpp>
@@ -12,6 +13,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <new>
 #include <string>
@@ -77,7 +79,111 @@ void check_fused(attention_problem<T>& p, E const& enc, G const& g0, std::string
   }
 }
 
+/// Bits of two gradient vectors that differ, plus any NaN.
+inline std::size_t bit_mismatches(std::vector<double> const& a, std::vector<double> const& b) {
+  std::size_t bad = a.size() != b.size() ? 1 : 0;
+  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i)
+    bad += std::memcmp(&a[i], &b[i], sizeof(double)) != 0 || std::isnan(a[i]) ? 1 : 0;
+  return bad;
+}
+
+/// The backward pass on Path of a forward pass given a 16-bit mask (batch, 1,
+/// Sq, mk) of S, against the same backward pass given the float mask of its
+/// widened values: every gradient (dq, dk, dv, the encoder's) bit for bit.
+/// Returns the number of elements that differ.
+template <class Path, class S, class E, class G>
+std::size_t mask16_gradient_mismatches(E const& enc, G const& g0, bool causal, index_t mk, bool with_lse) {
+  attention_problem<float> p(2, 9, 23, 4, 2, 8, 8, 61);
+  p.opt.causal = causal;
+  std::vector<float> const f = posenc_test::random_vector<float>(static_cast<std::size_t>(2 * 9 * mk), 62, -4, 4);
+  std::vector<S> m16(f.size());
+  std::vector<float> m32(f.size());
+  for (std::size_t i = 0; i < f.size(); ++i) {
+    m16[i] = detail::to_storage<S>(i % 5 == 1 ? -std::numeric_limits<float>::infinity() : f[i]);
+    m32[i] = detail::stored_value<float>(m16[i]);
+  }
+  attention_options<float> o = p.opt;
+  o.mask = make_mask(static_cast<float const*>(m32.data()), 2, 1, 9, mk);
+  p.lse.assign(static_cast<std::size_t>(2 * 4 * 9), 0.0f);
+  o.lse = p.lse.data();
+  attention<path::reference>(p.vq(), p.vk(), p.vv(), p.vout(), enc, o);  // out and lse of the masked forward
+  if (!with_lse) o.lse = nullptr;
+  auto grads = [&](bool half) {
+    G g = g0;
+    g.set_zero();
+    std::fill(p.dq.begin(), p.dq.end(), 7.0f);
+    std::fill(p.dk.begin(), p.dk.end(), 7.0f);
+    std::fill(p.dv.begin(), p.dv.end(), 7.0f);
+    if (half) {
+      attention_options<float> oh = o;
+      oh.mask = {};
+      attention_backward<Path>(p.vq(), p.vk(), p.vv(), p.vout(), p.vdout(), p.vdq(), p.vdk(), p.vdv(), enc, oh,
+                               make_mask(static_cast<S const*>(m16.data()), 2, 1, 9, mk), g);
+    } else {
+      attention_backward<Path>(p.vq(), p.vk(), p.vv(), p.vout(), p.vdout(), p.vdq(), p.vdk(), p.vdv(), enc, o, g);
+    }
+    std::vector<double> r(p.dq.begin(), p.dq.end());
+    r.insert(r.end(), p.dk.begin(), p.dk.end());
+    r.insert(r.end(), p.dv.begin(), p.dv.end());
+    std::vector<double> e;
+    posenc_test::flatten_gradients(e, g);
+    r.insert(r.end(), e.begin(), e.end());
+    return r;
+  };
+  std::vector<double> const got = grads(true), want = grads(false);
+  return bit_mismatches(got, want);
+}
+
+template <class S>
+void check_mask16_gradients() {
+  alibi<float> const enc(alibi_form::paper, 4);
+  for (bool with_lse : {false, true}) {
+    CAPTURE(with_lse);
+    // Key extents 23 (every key) and 17 (the keys past it masked).
+    CHECK(mask16_gradient_mismatches<path::fused, S>(none{}, no_gradients{}, false, 23, with_lse) == 0);
+    CHECK(mask16_gradient_mismatches<path::fused, S>(enc, enc.make_gradients(true), true, 17, with_lse) == 0);
+    CHECK(mask16_gradient_mismatches<path::reference, S>(none{}, no_gradients{}, true, 17, with_lse) == 0);
+    CHECK(mask16_gradient_mismatches<path::reference, S>(enc, enc.make_gradients(true), false, 23, with_lse) == 0);
+  }
+}
+
 }  // namespace
+
+TEST_CASE("backward with a 16-bit mask: the gradients of the float mask of its widened values, bit for bit",
+          "[fused][backward][half]") {
+  SECTION("binary16") { check_mask16_gradients<Eigen::half>(); }
+  SECTION("bfloat16") { check_mask16_gradients<Eigen::bfloat16>(); }
+}
+
+TEST_CASE("backward with a 16-bit mask: a bad shape or an overlap throws before anything is written",
+          "[fused][backward][half]") {
+  attention_problem<float> p(2, 9, 23, 4, 2, 8, 8, 63);
+  std::fill(p.dq.begin(), p.dq.end(), 7.0f);
+  std::fill(p.dk.begin(), p.dk.end(), 7.0f);
+  std::fill(p.dv.begin(), p.dv.end(), 7.0f);
+  std::vector<Eigen::bfloat16> m(static_cast<std::size_t>(2 * 9 * 24));
+  auto mask = [&](index_t b, index_t q, index_t k) {
+    return make_mask(static_cast<Eigen::bfloat16 const*>(m.data()), b, 1, q, k);
+  };
+  no_gradients g;
+  auto run_bw = [&](auto m16) {
+    attention_backward<path::fused>(p.vq(), p.vk(), p.vv(), p.vout(), p.vdout(), p.vdq(), p.vdk(), p.vdv(), none{},
+                                    p.opt, m16, g);
+  };
+  CHECK_THROWS_WITH(run_bw(mask(2, 9, 24)),
+                    posenc_test::contains("posenc::attention_backward: mask (16-bit).k is 24, expected 0 .. 23"));
+  CHECK_THROWS_WITH(run_bw(mask(3, 9, 23)),
+                    posenc_test::contains("posenc::attention_backward: mask (16-bit).batch is 3, expected 1 or 2"));
+  CHECK_THROWS_WITH(run_bw(make_mask(reinterpret_cast<Eigen::half const*>(p.dk.data()), 1, 1, 1, 23)),
+                    posenc_test::contains("dk is at bytes"));
+  CHECK_THROWS_WITH(run_bw(make_mask(reinterpret_cast<Eigen::half const*>(p.dk.data()), 1, 1, 1, 23)),
+                    posenc_test::contains("overlaps mask (16-bit)"));
+  std::size_t touched = 0;
+  for (float x : p.dq) touched += x != 7.0f ? 1 : 0;
+  for (float x : p.dk) touched += x != 7.0f ? 1 : 0;
+  for (float x : p.dv) touched += x != 7.0f ? 1 : 0;
+  CHECK(touched == 0);
+}
 
 TEST_CASE("fused backward: sizes around every tile and vector width", "[fused][backward]") {
   index_t const w = simd::width<float>;

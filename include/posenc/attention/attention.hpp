@@ -324,6 +324,34 @@ void attention(view<const detail::identity_t<T>> q, view<const detail::identity_
     detail::run_attention<Path, false>(q, k, v, out, enc, opt, detail::half_masks_of(mask16));
 }
 
+namespace detail {
+
+/// The compile-time checks of the element types of a posenc::attention call
+/// with 16-bit tensors (q as Q, k as K, v as V, out as T; a sentence for each
+/// problem); true when the mix is supported. The packed call uses them too.
+template <class Q, class K, class V, class T>
+constexpr bool half_io_types_ok() {
+  using S = std::remove_const_t<K>;
+  using QS = std::remove_const_t<Q>;
+  static_assert(std::is_same_v<S, std::remove_const_t<V>>,
+                "posenc::attention: k and v must have the same element type (both Eigen::half or both "
+                "Eigen::bfloat16)");
+  static_assert(!std::is_same_v<QS, double> && !std::is_same_v<T, double>,
+                "posenc::attention: with 16-bit k and v (Eigen::half, Eigen::bfloat16), q and out must be "
+                "float or of k and v's 16-bit type; double q or out is not supported");
+  static_assert(std::is_same_v<QS, T>,
+                "posenc::attention: q and out must have the same element type (both float, or both the "
+                "16-bit type of k and v)");
+  static_assert(std::is_same_v<QS, float> || std::is_same_v<QS, S>,
+                "posenc::attention: q and out are float or the 16-bit type of k and v (all-16-bit tensors); "
+                "16-bit q with float or double k and v, or with k and v of the other 16-bit type, is not "
+                "supported");
+  return std::is_same_v<S, std::remove_const_t<V>> && std::is_same_v<QS, T> &&
+         (std::is_same_v<QS, float> || std::is_same_v<QS, S>) && is_half_storage_v<S>;
+}
+
+}  // namespace detail
+
 /// Attention with 16-bit tensors, computed in float (path::reference: in
 /// double), with the semantics, options and checks of the float call above.
 /// Two mixes are supported:
@@ -350,21 +378,7 @@ void attention(view<Q> q, view<K> k, view<V> v, view<T> out, E const& enc, atten
                detail::half_masks const& masks16 = {}) {
   using S = std::remove_const_t<K>;
   using QS = std::remove_const_t<Q>;
-  static_assert(std::is_same_v<S, std::remove_const_t<V>>,
-                "posenc::attention: k and v must have the same element type (both Eigen::half or both "
-                "Eigen::bfloat16)");
-  static_assert(!std::is_same_v<QS, double> && !std::is_same_v<T, double>,
-                "posenc::attention: with 16-bit k and v (Eigen::half, Eigen::bfloat16), q and out must be "
-                "float or of k and v's 16-bit type; double q or out is not supported");
-  static_assert(std::is_same_v<QS, T>,
-                "posenc::attention: q and out must have the same element type (both float, or both the "
-                "16-bit type of k and v)");
-  static_assert(std::is_same_v<QS, float> || std::is_same_v<QS, S>,
-                "posenc::attention: q and out are float or the 16-bit type of k and v (all-16-bit tensors); "
-                "16-bit q with float or double k and v, or with k and v of the other 16-bit type, is not "
-                "supported");
-  if constexpr (std::is_same_v<S, std::remove_const_t<V>> && std::is_same_v<QS, T> &&
-                (std::is_same_v<QS, float> || std::is_same_v<QS, S>) && is_half_storage_v<S>) {
+  if constexpr (detail::half_io_types_ok<Q, K, V, T>()) {
     if constexpr (detail::attention_encoder_ok<float, E>())
       detail::run_attention<Path, false>(view<const QS>(q), view<const S>(k), view<const S>(v), out, enc, opt,
                                          masks16);
@@ -495,6 +509,49 @@ void attention(view<const detail::identity_t<Q>> q, kv_cache<S> const& cache, vi
                attention_options<float> opt = {}) {
   detail::cache_call_options(q, cache, enc, opt);
   attention<Path>(q, cache.keys(), cache.values(), out, enc, opt);
+}
+
+namespace detail {
+
+/// The key extent of a 16-bit mask given to an attention call over a kv_cache:
+/// 0 .. cache.length() (the keys are the cached ones; a shorter extent masks
+/// the keys past it), said in the cache's terms; the other extents and the
+/// aliasing are checked by the call itself before anything is written.
+template <class M, class S>
+void check_cache_half_mask(mask_view<M> const& m, kv_cache<S> const& cache) {
+  require(m.empty() || (m.k >= 0 && m.k <= cache.length()), "posenc::attention", "mask (16-bit).k is ", m.k,
+          ", expected 0 .. ", cache.length(), " (cache.length(); a shorter key extent masks the keys past it)");
+}
+
+}  // namespace detail
+
+/// The float kv_cache call above with an additive mask stored in 16 bits
+/// (`mask_view<M>`, M `Eigen::half` or `Eigen::bfloat16`), beside opt.mask
+/// and opt.bool_mask with their rules: (1 or batch, 1 or Hq, 1 or Sq,
+/// 0 .. cache.length()), a key extent shorter than cache.length() masking the
+/// keys past it. Widened exactly as read: the result is that of a float mask
+/// holding the widened values, bit for bit. Checked before anything is written.
+template <class Path = path::best, class T, class E, class M,
+          std::enable_if_t<!is_half_storage_v<T> && is_half_storage_v<M>, int> = 0>
+void attention(view<const detail::identity_t<T>> q, kv_cache<T> const& cache, view<detail::identity_t<T>> out,
+               E const& enc, attention_options<detail::identity_t<T>> opt, mask_view<M> const& mask16) {
+  detail::cache_call_options(q, cache, enc, opt);
+  detail::check_cache_half_mask(mask16, cache);
+  attention<Path, T>(q, cache.keys(), cache.values(), out, enc, opt, mask16);
+}
+
+/// The 16-bit kv_cache call above with an additive mask stored in 16 bits
+/// (either 16-bit type with either cache type), with the rules of the float
+/// cache's 16-bit mask just above.
+template <class Path = path::best, class S, class Q, class E, class M,
+          std::enable_if_t<is_half_storage_v<S> && (std::is_same_v<Q, float> || std::is_same_v<Q, S>) &&
+                               is_half_storage_v<M>,
+                           int> = 0>
+void attention(view<const detail::identity_t<Q>> q, kv_cache<S> const& cache, view<Q> out, E const& enc,
+               attention_options<float> opt, mask_view<M> const& mask16) {
+  detail::cache_call_options(q, cache, enc, opt);
+  detail::check_cache_half_mask(mask16, cache);
+  attention<Path>(q, cache.keys(), cache.values(), out, enc, opt, detail::half_masks_of(mask16));
 }
 
 

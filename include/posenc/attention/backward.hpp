@@ -38,11 +38,13 @@ struct backward_path<path::best, D> {
 };
 
 /// Validates, rotates q and k when the encoder rotates, runs the path, and
-/// rotates dq and dk back (the transposed rotation).
+/// rotates dq and dk back (the transposed rotation). `masks16`: additive
+/// masks stored in 16 bits, beside opt's float mask (as in the forward pass).
 template <class Path, class T, class E>
 void run_attention_backward(view<const T> q, view<const T> k, view<const T> v, view<const T> out,
                             view<const T> dout, view<T> dq, view<T> dk, view<T> dv, E const& enc,
-                            attention_options<T> const& opt, encoder_gradients_t<E>& grads) {
+                            attention_options<T> const& opt, encoder_gradients_t<E>& grads,
+                            half_masks const& masks16 = {}) {
   using P = typename backward_path<Path, E>::type;
   using K = backward_kernel<P>;
   char const* const w = "posenc::attention_backward";
@@ -52,7 +54,10 @@ void run_attention_backward(view<const T> q, view<const T> k, view<const T> v, v
   attention_plan<T> plan = make_plan(q, k, v, out_checked, enc, opt, w);
   require(opt.products == product_precision::float32, w,
           "products is bfloat16, expected float32 (the backward pass computes float products)");
-  validate_backward(w, q, k, v, out, dout, dq, dk, dv, enc, opt, grads, K::needs_lse);
+  check_mask(w, "mask (16-bit)", masks16.half, q.batch, q.heads, q.seq, k.seq);
+  check_mask(w, "mask (16-bit)", masks16.bfloat16, q.batch, q.heads, q.seq, k.seq);
+  validate_backward(w, q, k, v, out, dout, dq, dk, dv, enc, opt, grads, K::needs_lse, masks16);
+  set_half_masks(plan, masks16);
   plan.lse = opt.lse;  // an input here: the forward pass's log-sum-exp
 
   if constexpr (has_memory_length<E>::value) {
@@ -75,7 +80,10 @@ void run_attention_backward(view<const T> q, view<const T> k, view<const T> v, v
       dkc.seq -= cut;
       dvc.data += cut * dv.seq_stride;
       dvc.seq -= cut;
-      run_attention_backward<Path>(q, c.k, c.v, out, dout, dq, dkc, dvc, enc, c.opt, grads);
+      half_masks m = masks16;
+      memory_cut<T>::cut_mask(m.half, cut);
+      memory_cut<T>::cut_mask(m.bfloat16, cut);
+      run_attention_backward<Path>(q, c.k, c.v, out, dout, dq, dkc, dvc, enc, c.opt, grads, m);
       return;
     }
   }
@@ -107,6 +115,63 @@ void run_attention_backward(view<const T> q, view<const T> k, view<const T> v, v
     }
   }
   K::run(plan, io, enc, grads);
+}
+
+}  // namespace detail
+
+namespace detail {
+
+/// attention_backward after its compile-time checks (a sentence for each problem).
+template <class Path, class T, class E>
+void checked_attention_backward(view<const T> q, view<const T> k, view<const T> v, view<const T> out,
+                                view<const T> dout, view<T> dq, view<T> dk, view<T> dv, E const& enc,
+                                attention_options<T> const& opt, half_masks const& masks16,
+                                encoder_gradients_t<E>& grads) {
+  if constexpr (!has_encoder_traits_v<E>) {
+    static_assert(dependent_false_v<E>,
+                  "posenc::attention_backward: E is not an encoder; specialize posenc::encoder_traits<E> "
+                  "(see posenc/encoding/traits.hpp)");
+  } else {
+    static_assert(!encoder_traits<E>::adds_to_embeddings,
+                  "posenc::attention_backward: this encoder adds to embeddings, which the attention kernel "
+                  "cannot reach; call its add_to_backward() with the gradient of the embeddings");
+    static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
+                  "posenc::attention_backward: T must be float or double");
+    static_assert(keeps_encoder_contract_v<E, T>,
+                  "posenc::attention_backward: the encoder does not keep the encoder contract for the views' "
+                  "element type; call posenc::attention with it for the precise message");
+    constexpr backward_problem problem = encoder_backward_problem<E, T>();
+    static_assert(problem != backward_problem::rotate_transpose,
+                  "posenc::attention_backward: the encoder rotates q and k but has no "
+                  "`rotate_transpose(view<T>, position_span, index_t) const`; it is usable forward only");
+    static_assert(problem != backward_problem::bias_row_backward,
+                  "posenc::attention_backward: the encoder biases scores but has no `bias_row_backward(index_t, "
+                  "index_t, index_t, index_t, T const*, gradients&) const`; it is usable forward only");
+    static_assert(problem != backward_problem::relative_key_value_backward,
+                  "posenc::attention_backward: the encoder adds relative key/value terms but lacks "
+                  "`score_row_backward` or `value_row_backward` (see posenc/encoding/traits.hpp); it is usable "
+                  "forward only");
+    static_assert(problem != backward_problem::content_bias_backward,
+                  "posenc::attention_backward: the encoder shifts queries by a content bias but has no "
+                  "`content_bias_backward(index_t, T const*, gradients&) const` (see posenc/encoding/traits.hpp); "
+                  "it is usable forward only");
+    using P = typename backward_path<Path, E>::type;
+    static_assert(!std::is_same_v<P, path::best>, "posenc::attention_backward: unreachable");
+    static_assert(!(std::is_same_v<P, path::fused> && fused_backward_excluded<E>::value),
+                  "posenc::attention_backward: the fused path has no backward for an encoder with a content "
+                  "bias (transformer_xl); use path::reference (path::best picks it for this encoder)");
+    if constexpr (!encoder_traits<E>::adds_to_embeddings && keeps_encoder_contract_v<E, T> &&
+                  problem == backward_problem::none &&
+                  !(std::is_same_v<P, path::fused> && fused_backward_excluded<E>::value)) {
+      if constexpr (!backward_kernel<P>::available) {
+        static_assert(dependent_false_v<E>,
+                      "posenc::attention_backward: this path has no backward pass yet; use path::reference "
+                      "(or path::best, which picks the fastest path that has one)");
+      } else {
+        run_attention_backward<P>(q, k, v, out, dout, dq, dk, dv, enc, opt, grads, masks16);
+      }
+    }
+  }
 }
 
 }  // namespace detail
@@ -150,51 +215,23 @@ void attention_backward(view<const detail::identity_t<T>> q, view<const detail::
                         view<const detail::identity_t<T>> dout, view<T> dq, view<detail::identity_t<T>> dk,
                         view<detail::identity_t<T>> dv, E const& enc, attention_options<detail::identity_t<T>> const& opt,
                         encoder_gradients_t<E>& grads) {
-  if constexpr (!has_encoder_traits_v<E>) {
-    static_assert(detail::dependent_false_v<E>,
-                  "posenc::attention_backward: E is not an encoder; specialize posenc::encoder_traits<E> "
-                  "(see posenc/encoding/traits.hpp)");
-  } else {
-    static_assert(!encoder_traits<E>::adds_to_embeddings,
-                  "posenc::attention_backward: this encoder adds to embeddings, which the attention kernel "
-                  "cannot reach; call its add_to_backward() with the gradient of the embeddings");
-    static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
-                  "posenc::attention_backward: T must be float or double");
-    static_assert(keeps_encoder_contract_v<E, T>,
-                  "posenc::attention_backward: the encoder does not keep the encoder contract for the views' "
-                  "element type; call posenc::attention with it for the precise message");
-    constexpr detail::backward_problem problem = detail::encoder_backward_problem<E, T>();
-    static_assert(problem != detail::backward_problem::rotate_transpose,
-                  "posenc::attention_backward: the encoder rotates q and k but has no "
-                  "`rotate_transpose(view<T>, position_span, index_t) const`; it is usable forward only");
-    static_assert(problem != detail::backward_problem::bias_row_backward,
-                  "posenc::attention_backward: the encoder biases scores but has no `bias_row_backward(index_t, "
-                  "index_t, index_t, index_t, T const*, gradients&) const`; it is usable forward only");
-    static_assert(problem != detail::backward_problem::relative_key_value_backward,
-                  "posenc::attention_backward: the encoder adds relative key/value terms but lacks "
-                  "`score_row_backward` or `value_row_backward` (see posenc/encoding/traits.hpp); it is usable "
-                  "forward only");
-    static_assert(problem != detail::backward_problem::content_bias_backward,
-                  "posenc::attention_backward: the encoder shifts queries by a content bias but has no "
-                  "`content_bias_backward(index_t, T const*, gradients&) const` (see posenc/encoding/traits.hpp); "
-                  "it is usable forward only");
-    using P = typename detail::backward_path<Path, E>::type;
-    static_assert(!std::is_same_v<P, path::best>, "posenc::attention_backward: unreachable");
-    static_assert(!(std::is_same_v<P, path::fused> && detail::fused_backward_excluded<E>::value),
-                  "posenc::attention_backward: the fused path has no backward for an encoder with a content "
-                  "bias (transformer_xl); use path::reference (path::best picks it for this encoder)");
-    if constexpr (!encoder_traits<E>::adds_to_embeddings && keeps_encoder_contract_v<E, T> &&
-                  problem == detail::backward_problem::none &&
-                  !(std::is_same_v<P, path::fused> && detail::fused_backward_excluded<E>::value)) {
-      if constexpr (!detail::backward_kernel<P>::available) {
-        static_assert(detail::dependent_false_v<E>,
-                      "posenc::attention_backward: this path has no backward pass yet; use path::reference "
-                      "(or path::best, which picks the fastest path that has one)");
-      } else {
-        detail::run_attention_backward<P>(q, k, v, out, dout, dq, dk, dv, enc, opt, grads);
-      }
-    }
-  }
+  detail::checked_attention_backward<Path, T>(q, k, v, out, dout, dq, dk, dv, enc, opt, {}, grads);
+}
+
+/// The gradients above for a forward pass given an additive mask stored in 16
+/// bits (`mask_view<M>`, M `Eigen::half` or `Eigen::bfloat16`: the `mask16`
+/// of posenc::attention), beside opt.mask and opt.bool_mask with their shape
+/// rules. Each element is widened exactly as read: the gradients are those of
+/// a float mask holding the widened values, bit for bit; `-inf` pairs pass no
+/// gradient. Checked as "mask (16-bit)", before anything is written.
+template <class Path = path::best, class T, class E, class M, std::enable_if_t<is_half_storage_v<M>, int> = 0>
+void attention_backward(view<const detail::identity_t<T>> q, view<const detail::identity_t<T>> k,
+                        view<const detail::identity_t<T>> v, view<const detail::identity_t<T>> out,
+                        view<const detail::identity_t<T>> dout, view<T> dq, view<detail::identity_t<T>> dk,
+                        view<detail::identity_t<T>> dv, E const& enc, attention_options<detail::identity_t<T>> const& opt,
+                        mask_view<M> const& mask16, encoder_gradients_t<E>& grads) {
+  detail::checked_attention_backward<Path, T>(q, k, v, out, dout, dq, dk, dv, enc, opt, detail::half_masks_of(mask16),
+                                              grads);
 }
 
 }  // namespace posenc

@@ -11,6 +11,12 @@
 // decrease and end at q.seq (resp. k.seq). A sequence may have no query (it
 // costs nothing) or no key (its rows give zeros and lse = -inf).
 //
+// Element types. q, k, v and out of one float or double type T, with
+// attention_options<T>; or the 16-bit mixes of the contiguous call, computed
+// in float on path::fused / path::best and path::reference: q and out float
+// with k and v Eigen::half or Eigen::bfloat16, or all four of one 16-bit
+// type, with attention_options<float> (lse and scores float).
+//
 // Semantics. Sequence s gives exactly what posenc::attention gives on its own
 // rows alone (a contiguous call with batch = 1, Sq = its queries, Sk = its
 // keys): its own positions, its own bottom-right causal alignment when Sq != Sk,
@@ -32,6 +38,11 @@
 //     short key extent does in a contiguous call). A key mask (q = 1) costs
 //     k.seq elements; a per-query mask costs q.seq x k.seq although only the
 //     diagonal blocks are read.
+//   An additive mask stored in 16 bits (mask_view<Eigen::half> or
+//     mask_view<Eigen::bfloat16>, the last argument, with any tensor types):
+//     the layout of mask above, widened exactly as read, so each sequence
+//     gives what a float mask of the widened values gives, bit for bit;
+//     checked as "mask (16-bit)".
 //   lse: (Hq, q.seq) contiguous, as for a contiguous call with batch = 1.
 //   scores: the blocks (Hq, Sq_s, Sk_s) of the sequences back to back (no
 //     padding), sequence s starting at Hq x sum_{t < s} Sq_t x Sk_t.
@@ -119,14 +130,18 @@ inline position_span sequence_positions(position_span const& p, index_t const* i
   return position_span(p.at(0, 0));
 }
 
-/// A packed call cut into its sequences: each sequence's views and options,
-/// built on demand from the packed ones (no per-sequence storage).
-template <class T>
+/// A packed call cut into its sequences: each sequence's views, options and
+/// 16-bit masks, built on demand from the packed ones (no per-sequence
+/// storage). Compute type T; q stored as Q, k and v as KV, out as O (each T,
+/// or a 16-bit type with float T, as for the contiguous call).
+template <class T, class Q = T, class KV = T, class O = T>
 struct packed_call {
-  view<const T> q, k, v;
-  view<T> out;
+  view<const Q> q;
+  view<const KV> k, v;
+  view<O> out;
   packed_sequences seqs;
   attention_options<T> const* opt = nullptr;
+  half_masks masks16;                 // additive masks stored in 16 bits, read as opt.mask
   std::vector<index_t> q_ids, k_ids;  // packed explicit ids, when given
   std::vector<index_t> scores_at;     // (n): first scores element of each sequence
 
@@ -164,19 +179,25 @@ struct packed_call {
     return o;
   }
 
-  view<const T> q_of(index_t s) const noexcept { return rows(q, seqs.cu_seqlens_q[s], seqs.q_len(s)); }
-  view<const T> k_of(index_t s) const noexcept { return rows(k, seqs.cu_seqlens_k[s], seqs.k_len(s)); }
-  view<const T> v_of(index_t s) const noexcept { return rows(v, seqs.cu_seqlens_k[s], seqs.k_len(s)); }
-  view<T> out_of(index_t s) const noexcept { return rows(out, seqs.cu_seqlens_q[s], seqs.q_len(s)); }
+  /// The 16-bit masks of sequence s, cut as opt.mask is.
+  half_masks sequence_masks(index_t s) const noexcept {
+    return {sequence_mask(masks16.half, s), sequence_mask(masks16.bfloat16, s)};
+  }
+
+  view<const Q> q_of(index_t s) const noexcept { return rows(q, seqs.cu_seqlens_q[s], seqs.q_len(s)); }
+  view<const KV> k_of(index_t s) const noexcept { return rows(k, seqs.cu_seqlens_k[s], seqs.k_len(s)); }
+  view<const KV> v_of(index_t s) const noexcept { return rows(v, seqs.cu_seqlens_k[s], seqs.k_len(s)); }
+  view<O> out_of(index_t s) const noexcept { return rows(out, seqs.cu_seqlens_q[s], seqs.q_len(s)); }
 };
 
 /// Checks the packed arguments as a whole: views with batch 1, offsets,
 /// per-sequence option arrays, the packed forms of positions and masks, and
 /// that no output shares memory with an input or another output.
-template <class T>
-void validate_packed(char const* w, packed_call<T> const& c) {
-  view<const T> const q = c.q, k = c.k, v = c.v;
-  view<T> const out = c.out;
+template <class T, class Q, class KV, class O>
+void validate_packed(char const* w, packed_call<T, Q, KV, O> const& c) {
+  view<const Q> const q = c.q;
+  view<const KV> const k = c.k, v = c.v;
+  view<O> const out = c.out;
   attention_options<T> const& opt = *c.opt;
   check_view(w, "q", q);
   check_view(w, "k", k);
@@ -216,6 +237,8 @@ void validate_packed(char const* w, packed_call<T> const& c) {
   check_positions("k_positions", opt.k_positions, k.seq);
   check_mask(w, "mask", opt.mask, 1, q.heads, q.seq, k.seq);
   check_mask(w, "bool_mask", opt.bool_mask, 1, q.heads, q.seq, k.seq);
+  check_mask(w, "mask (16-bit)", c.masks16.half, 1, q.heads, q.seq, k.seq);
+  check_mask(w, "mask (16-bit)", c.masks16.bfloat16, 1, q.heads, q.seq, k.seq);
   index_t const rows = checked_mul(w, q.heads, q.seq, "q.heads x q.seq");
   index_t scores_size = 0;
   if (opt.scores) {
@@ -228,7 +251,11 @@ void validate_packed(char const* w, packed_call<T> const& c) {
   // Aliasing over the whole packed buffers: a sequence's output must not
   // share memory with another sequence's input either (out == q, the same
   // view, is in-place attention, as for a contiguous call).
-  byte_set const in_sets[5] = {
+  auto const half_bytes = [](auto const& m) {
+    index_t const ext[3] = {m.batch, m.heads, m.q}, str[3] = {m.batch_stride, m.head_stride, m.q_stride};
+    return make_byte_set(m.data, std::size_t{2}, 3, ext, str, m.k);
+  };
+  byte_set const in_sets[6] = {
       bytes_of(q), bytes_of(k), bytes_of(v),
       [&] {
         mask_view<T> const& m = opt.mask;
@@ -239,15 +266,16 @@ void validate_packed(char const* w, packed_call<T> const& c) {
         mask_view<bool> const& m = opt.bool_mask;
         index_t const ext[3] = {m.batch, m.heads, m.q}, str[3] = {m.batch_stride, m.head_stride, m.q_stride};
         return make_byte_set(m.data, sizeof(bool), 3, ext, str, m.k);
-      }()};
-  char const* const in_names[5] = {"q", "k", "v", "mask", "bool_mask"};
+      }(),
+      c.masks16.half.empty() ? half_bytes(c.masks16.bfloat16) : half_bytes(c.masks16.half)};
+  char const* const in_names[6] = {"q", "k", "v", "mask", "bool_mask", "mask (16-bit)"};
   byte_set const out_sets[3] = {bytes_of(out), bytes_of(static_cast<T const*>(opt.lse), rows),
                                 opt.scores ? bytes_of(static_cast<T const*>(opt.scores), scores_size) : byte_set{}};
   char const* const out_names[3] = {"out", "lse", "scores"};
   bool const in_place = out.data == q.data && out.seq == q.seq && out.heads == q.heads && out.dim == q.dim &&
                         out.seq_stride == q.seq_stride && out.head_stride == q.head_stride;
   for (int o = 0; o < 3; ++o) {
-    for (int i = 0; i < 5; ++i) {
+    for (int i = 0; i < 6; ++i) {
       if (o == 0 && i == 0 && in_place) continue;
       require(!overlaps(out_sets[o], in_sets[i]), w, out_names[o], " is at bytes ", byte_range(out_sets[o]),
               " and overlaps ", in_names[i], " at ", byte_range(in_sets[i]), ", expected no shared memory");
@@ -267,27 +295,18 @@ inline index_t sequence_work(packed_sequences const& seqs, index_t s) noexcept {
 
 }  // namespace detail
 
-/// Attention over packed variable-length sequences: q, k, v, out hold the
-/// tokens of `seqs.count()` sequences back to back (batch = 1), and sequence s
-/// gives what posenc::attention gives on its own rows alone. The layout, how
-/// each option reads per sequence (positions, key lengths, masks, lse, scores)
-/// and how the threads share the work: the top of posenc/attention/packed.hpp.
-/// A batched decode step of many sequences (one or a few query tokens each
-/// over their packed keys) is this same call.
-///
-/// @tparam Path as for posenc::attention (every path and encoder works)
-/// @param q    (1, total queries, Hq, D)
-/// @param k    (1, total keys, Hkv, D)
-/// @param v    (1, total keys, Hkv, Dv)
-/// @param out  (1, total queries, Hq, Dv)
-/// @param seqs cumulative offsets of the sequences' queries and keys
-/// @throws posenc::error on any bad argument of any sequence, before anything is written.
-template <class Path = path::best, class T, class E>
-void attention(view<const detail::identity_t<T>> q, view<const detail::identity_t<T>> k,
-               view<const detail::identity_t<T>> v, view<T> out, packed_sequences const& seqs, E const& enc,
-               attention_options<detail::identity_t<T>> const& opt = {}) {
+namespace detail {
+
+/// The packed call after its compile-time checks: validates every argument of
+/// every sequence, then runs each sequence on the path's kernel (see the top
+/// of this header). T is the compute type, Q, KV and O the stored types.
+template <class Path, class T, class Q, class KV, class O, class E>
+void packed_attention(packed_call<T, Q, KV, O>& c, E const& enc) {
   char const* const w = "posenc::attention";
-  detail::packed_call<T> c{q, k, v, out, seqs, &opt, {}, {}, {}};
+  view<const Q> const q = c.q;
+  view<const KV> const k = c.k;
+  packed_sequences const& seqs = c.seqs;
+  attention_options<T> const& opt = *c.opt;
   detail::validate_packed(w, c);
   index_t const n = seqs.count();
   // Packed explicit ids, read per sequence through position_span::at.
@@ -342,7 +361,8 @@ void attention(view<const detail::identity_t<T>> q, view<const detail::identity_
   if (opt.lse) lse_rows = aligned_buffer<T>::uninitialized(q.heads * max_q * threads);
   auto const run_one = [&](index_t s, int slot, int inner_threads) {
     T* const lse = opt.lse ? lse_rows.data() + static_cast<index_t>(slot) * q.heads * max_q : nullptr;
-    attention<Path, T>(c.q_of(s), c.k_of(s), c.v_of(s), c.out_of(s), enc, c.sequence_options(s, lse, inner_threads));
+    run_attention<Path, false>(c.q_of(s), c.k_of(s), c.v_of(s), c.out_of(s), enc,
+                               c.sequence_options(s, lse, inner_threads), c.sequence_masks(s));
     if (opt.lse) {
       index_t const sq = seqs.q_len(s), q0 = seqs.cu_seqlens_q[s];
       for (index_t h = 0; h < q.heads; ++h)
@@ -355,6 +375,101 @@ void attention(view<const detail::identity_t<T>> q, view<const detail::identity_
   parallel_for(shared, threads, [&](index_t t) {
     run_one(order[first_shared + static_cast<std::size_t>(t)], std::min(thread_index(), threads - 1), 1);
   });
+}
+
+}  // namespace detail
+
+/// Attention over packed variable-length sequences: q, k, v, out hold the
+/// tokens of `seqs.count()` sequences back to back (batch = 1), and sequence s
+/// gives what posenc::attention gives on its own rows alone. The layout, how
+/// each option reads per sequence (positions, key lengths, masks, lse, scores)
+/// and how the threads share the work: the top of posenc/attention/packed.hpp.
+/// A batched decode step of many sequences (one or a few query tokens each
+/// over their packed keys) is this same call.
+///
+/// @tparam Path as for posenc::attention (every path and encoder works)
+/// @param q    (1, total queries, Hq, D)
+/// @param k    (1, total keys, Hkv, D)
+/// @param v    (1, total keys, Hkv, Dv)
+/// @param out  (1, total queries, Hq, Dv)
+/// @param seqs cumulative offsets of the sequences' queries and keys
+/// @param opt  options in the packed call's coordinates (top of this header)
+/// @throws posenc::error on any bad argument of any sequence, before anything is written.
+template <class Path = path::best, class T, class E, std::enable_if_t<!is_half_storage_v<T>, int> = 0>
+void attention(view<const detail::identity_t<T>> q, view<const detail::identity_t<T>> k,
+               view<const detail::identity_t<T>> v, view<T> out, packed_sequences const& seqs, E const& enc,
+               attention_options<detail::identity_t<T>> const& opt = {}) {
+  if constexpr (detail::attention_encoder_ok<T, E>()) {
+    detail::packed_call<T> c{q, k, v, out, seqs, &opt, {}, {}, {}, {}};
+    detail::packed_attention<Path>(c, enc);
+  }
+}
+
+/// The packed call above with an additive mask stored in 16 bits
+/// (`mask_view<M>`, M `Eigen::half` or `Eigen::bfloat16`), beside opt.mask
+/// and opt.bool_mask with their packed layout: (1, 1 or Hq, 1 or q.seq,
+/// <= k.seq) in the packed call's coordinates, sequence s reading only its
+/// diagonal block (top of this header). Each element is widened exactly as it
+/// is read: every sequence gives what a float mask holding the widened values
+/// gives, bit for bit.
+template <class Path = path::best, class T, class E, class M,
+          std::enable_if_t<!is_half_storage_v<T> && is_half_storage_v<M>, int> = 0>
+void attention(view<const detail::identity_t<T>> q, view<const detail::identity_t<T>> k,
+               view<const detail::identity_t<T>> v, view<T> out, packed_sequences const& seqs, E const& enc,
+               attention_options<detail::identity_t<T>> const& opt, mask_view<M> const& mask16) {
+  if constexpr (detail::attention_encoder_ok<T, E>()) {
+    detail::packed_call<T> c{q, k, v, out, seqs, &opt, detail::half_masks_of(mask16), {}, {}, {}};
+    detail::packed_attention<Path>(c, enc);
+  }
+}
+
+namespace detail {
+
+/// The 16-bit packed calls below after their type checks.
+template <class Path, class T, class Q, class K, class V, class E>
+void packed_half_attention(view<Q> q, view<K> k, view<V> v, view<T> out, packed_sequences const& seqs, E const& enc,
+                           attention_options<float> const& opt, half_masks const& masks16) {
+  using S = std::remove_const_t<K>;
+  using QS = std::remove_const_t<Q>;
+  if constexpr (half_io_types_ok<Q, K, V, T>()) {
+    if constexpr (attention_encoder_ok<float, E>()) {
+      packed_call<float, QS, S, T> c{view<const QS>(q), view<const S>(k), view<const S>(v), out, seqs, &opt,
+                                     masks16, {}, {}, {}};
+      packed_attention<Path>(c, enc);
+    }
+  }
+}
+
+}  // namespace detail
+
+/// Packed attention with 16-bit tensors, computed in float (path::reference:
+/// in double): the mixes, options and rounding of the contiguous 16-bit call
+/// (posenc/attention/attention.hpp), on path::fused (and path::best) and
+/// path::reference:
+/// - q and out float, k and v `Eigen::half` or `Eigen::bfloat16`;
+/// - q, k, v and out all of one 16-bit type.
+/// Options are `attention_options<float>` read per sequence as for float
+/// tensors (top of this header); lse and scores are float. Sequence s gives
+/// exactly what the contiguous 16-bit call gives on its own rows alone.
+template <class Path = path::best, class T, class Q, class K, class V, class E,
+          std::enable_if_t<is_half_storage_v<Q> || is_half_storage_v<K> || is_half_storage_v<V> ||
+                               is_half_storage_v<T>,
+                           int> = 0>
+void attention(view<Q> q, view<K> k, view<V> v, view<T> out, packed_sequences const& seqs, E const& enc,
+               attention_options<float> const& opt = {}) {
+  detail::packed_half_attention<Path>(q, k, v, out, seqs, enc, opt, {});
+}
+
+/// The 16-bit packed call above with an additive mask stored in 16 bits
+/// (`mask_view<M>`, either 16-bit type with either tensor type), in the
+/// packed layout of the float packed call's 16-bit mask.
+template <class Path = path::best, class T, class Q, class K, class V, class E, class M,
+          std::enable_if_t<(is_half_storage_v<Q> || is_half_storage_v<K> || is_half_storage_v<V> ||
+                            is_half_storage_v<T>) && is_half_storage_v<M>,
+                           int> = 0>
+void attention(view<Q> q, view<K> k, view<V> v, view<T> out, packed_sequences const& seqs, E const& enc,
+               attention_options<float> const& opt, mask_view<M> const& mask16) {
+  detail::packed_half_attention<Path>(q, k, v, out, seqs, enc, opt, detail::half_masks_of(mask16));
 }
 
 }  // namespace posenc

@@ -75,10 +75,12 @@ void check_same_shape(char const* where, char const* name, view<G> const& g, cha
 /// a byte with an input or another output; no scores output; out is not q
 /// (the forward pass ran in place, q is gone); the encoder's gradients fit it;
 /// the given lse holds finite values or -inf; `needs_lse`: it is given.
+/// `masks16`: the 16-bit additive masks, read like opt.mask (never written).
 template <class T, class E>
 void validate_backward(char const* w, view<const T> q, view<const T> k, view<const T> v, view<const T> out,
                        view<const T> dout, view<T> dq, view<T> dk, view<T> dv, E const& enc,
-                       attention_options<T> const& opt, encoder_gradients_t<E> const& grads, bool needs_lse) {
+                       attention_options<T> const& opt, encoder_gradients_t<E> const& grads, bool needs_lse,
+                       half_masks const& masks16 = {}) {
   require(opt.scores == nullptr, w, "scores is set, expected null (the backward pass has no scores output)");
   check_same_shape(w, "dout", dout, "out", out);
   check_same_shape(w, "dq", dq, "q", q);
@@ -104,18 +106,20 @@ void validate_backward(char const* w, view<const T> q, view<const T> k, view<con
     index_t const ext[3] = {m.batch, m.heads, m.q}, str[3] = {m.batch_stride, m.head_stride, m.q_stride};
     return make_byte_set(m.data, bytes, 3, ext, str, m.k);
   };
-  byte_set const in_sets[8] = {bytes_of(q),   bytes_of(k),
+  byte_set const in_sets[9] = {bytes_of(q),   bytes_of(k),
                                bytes_of(v),   bytes_of(out),
                                bytes_of(dout), mask_bytes(opt.mask, sizeof(T)),
                                mask_bytes(opt.bool_mask, sizeof(bool)),
-                               bytes_of(static_cast<T const*>(opt.lse), rows)};
-  char const* const in_names[8] = {"q", "k", "v", "out", "dout", "mask", "bool_mask", "lse"};
+                               bytes_of(static_cast<T const*>(opt.lse), rows),
+                               masks16.half.empty() ? mask_bytes(masks16.bfloat16, std::size_t{2})
+                                                    : mask_bytes(masks16.half, std::size_t{2})};
+  char const* const in_names[9] = {"q", "k", "v", "out", "dout", "mask", "bool_mask", "lse", "mask (16-bit)"};
   byte_set const out_sets[3] = {bytes_of(dq), bytes_of(dk), bytes_of(dv)};
   char const* const out_names[3] = {"dq", "dk", "dv"};
   for (int o = 0; o < 3; ++o) {
     require(!overlaps_itself(out_sets[o]), w, out_names[o], " has elements that overlap each other, expected a ",
             "layout whose rows do not overlap");
-    for (int i = 0; i < 8; ++i) {
+    for (int i = 0; i < 9; ++i) {
       require(!overlaps(out_sets[o], in_sets[i]), w, out_names[o], " is at bytes ", byte_range(out_sets[o]),
               " and overlaps ", in_names[i], " at ", byte_range(in_sets[i]), ", expected no shared memory");
     }
