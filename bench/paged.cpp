@@ -380,6 +380,17 @@ void prefill_vs_contiguous(benchmark::State& state, bool scattered, int threads)
   state.counters["threads"] = threads;
 }
 
+/// Registers half_decode_vs_contiguous<S> as paged/decode_vs_contiguous/<what>[_scattered]_pages/...
+template <class S>
+void register_half_decode(char const* what, int t, bool scattered) {
+  std::string const name = std::string("paged/decode_vs_contiguous/") + what +
+                           (scattered ? "_scattered_pages" : "_pages") + "/H8_D128_S4096_page16/threads:" +
+                           std::to_string(t);
+  benchmark::RegisterBenchmark(name.c_str(), [t, scattered](benchmark::State& s) {
+    half_decode_vs_contiguous<S>(s, t, scattered);
+  })->Unit(benchmark::kMicrosecond)->UseManualTime()->MinTime(0.5);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -397,23 +408,8 @@ int main(int argc, char** argv) {
       })->Unit(benchmark::kMicrosecond)->UseManualTime()->MinTime(0.5);
     }
     for (bool scattered : {false, true}) {
-      std::string const pages = scattered ? "_scattered_pages" : "_pages";
-      benchmark::RegisterBenchmark(("paged/decode_vs_contiguous/fp16" + pages + "/H8_D128_S4096_page16/threads:" +
-                                    std::to_string(t)).c_str(),
-                                   [t, scattered](benchmark::State& s) {
-                                     half_decode_vs_contiguous<Eigen::half>(s, t, scattered);
-                                   })
-          ->Unit(benchmark::kMicrosecond)
-          ->UseManualTime()
-          ->MinTime(0.5);
-      benchmark::RegisterBenchmark(("paged/decode_vs_contiguous/bf16" + pages + "/H8_D128_S4096_page16/threads:" +
-                                    std::to_string(t)).c_str(),
-                                   [t, scattered](benchmark::State& s) {
-                                     half_decode_vs_contiguous<Eigen::bfloat16>(s, t, scattered);
-                                   })
-          ->Unit(benchmark::kMicrosecond)
-          ->UseManualTime()
-          ->MinTime(0.5);
+      register_half_decode<Eigen::half>("fp16", t, scattered);
+      register_half_decode<Eigen::bfloat16>("bf16", t, scattered);
     }
     benchmark::RegisterBenchmark(("paged/batched_decode/16_seqs_256_to_4096/H8_D128_page16/threads:" +
                                   std::to_string(t)).c_str(),
