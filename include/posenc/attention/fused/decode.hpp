@@ -44,18 +44,22 @@ namespace posenc::detail::fused {
 /// of the next step's K and V rows (of every kv head the units cover, in
 /// memory order).
 /// Measured (docs/performance.md): 0.6x to 0.85x the time of the whole-tile
-/// walk. `decode_step_v<Tr, KV>` is the step; a walk over gathered pages takes
-/// the same steps, so that both give the same bits.
-template <class Tr, class KV>
+/// walk. `decode_step_v<Tr, KV, E>` is the step; a walk over gathered pages
+/// takes the same steps, so that both give the same bits. Encoders with
+/// Shaw-like terms (relative_key_value) never reach the contiguous decode:
+/// the row kernel walks them whole tiles at a time (row_item_tiles), and so
+/// does every paged walk of them, whatever KV is.
+template <class Tr, class KV, class E>
 inline constexpr index_t decode_step_v =
-    std::is_same_v<KV, typename Tr::value_type> ? Tr::block_kv_v : Tr::half_decode_step_v;
+    std::is_same_v<KV, typename Tr::value_type> || encoder_traits<E>::relative_key_value ? Tr::block_kv_v
+                                                                                       : Tr::half_decode_step_v;
 
 template <class Tr, bool Guard, class T, class KV, class E, class RowsOf, class StateOf>
 void decode_steps(attention_plan<T> const& p, view<const KV> k, view<const KV> v, E const& enc, index_t b,
                   index_t first, index_t last, index_t u0, index_t u1, index_t groups, rotation_ids const* rot,
                   row_scratch<Tr> const& sc, RowsOf const& rows_of, StateOf const& states) noexcept {
   constexpr bool half_v = !std::is_same_v<KV, T>;
-  constexpr index_t step_v = decode_step_v<Tr, KV>;
+  constexpr index_t step_v = decode_step_v<Tr, KV, E>;
   index_t const units = u1 - u0;
   for (index_t t0 = first; t0 < last; t0 += step_v) {
     index_t const nk = std::min(step_v, last - t0);

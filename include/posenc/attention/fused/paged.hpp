@@ -185,10 +185,10 @@ void paged_item(attention_plan<T> const& p, view<const Q> q, paged_run<S> const*
                             [&](index_t u) -> row_rows<Tr> const& { return rr[u - u0]; }, states);
     return;
   }
-  // Gathered steps of the contiguous decode's size (the same bits); over
+  // Gathered steps of the contiguous kernel's size (the same bits); over
   // 16-bit pages, the next step's rows are gathered one step ahead and
   // fetched while the units of this step run, as decode_steps does.
-  constexpr index_t step_v = decode_step_v<Tr, S>;
+  constexpr index_t step_v = decode_step_v<Tr, S, E>;
   constexpr bool half_v = !std::is_same_v<S, T>;
   paged_tile_rows<T, S> rows_a, rows_b;
   paged_tile_rows<T, S>* tr = &rows_a;
