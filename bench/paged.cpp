@@ -216,17 +216,20 @@ void decode_vs_contiguous(benchmark::State& state, page_order order, int threads
 }
 
 /// Decode over a 16-bit paged cache (S = Eigen::half or Eigen::bfloat16): one
-/// sequence of 4096 tokens in consecutive 16-token pages, float q and out.
+/// sequence of 4096 tokens in consecutive 16-token pages (`scattered`: in a
+/// pool fragmented first, every page its own run), float q and out.
 /// Baselines in the same loop: the same decode over a contiguous kv_cache<S>,
-/// and a read of the sequence's 16-bit K and V once.
+/// and a read of as many 16-bit K and V bytes once (the pool's first pages:
+/// the sequence's own when consecutive).
 template <class S>
-void half_decode_vs_contiguous(benchmark::State& state, int threads) {
+void half_decode_vs_contiguous(benchmark::State& state, int threads, bool scattered) {
   index_t const S_len = 4096, P = 16;
   auto const k = random_floats(static_cast<std::size_t>(S_len * H * D), 2);
   auto const v = random_floats(static_cast<std::size_t>(S_len * H * D), 3);
   auto const q = random_floats(static_cast<std::size_t>(H * D), 1);
   std::vector<float> out(q.size());
-  posenc::paged_kv_cache<S> paged(S_len / P, P, H, D);
+  posenc::paged_kv_cache<S> paged(scattered ? 2 * S_len / P + 2 : S_len / P, P, H, D);
+  if (scattered) fragment_pool(paged, k, v);
   index_t const id = paged.add_sequence();
   for (index_t s = 0; s < S_len; s += P)
     paged.append(id, posenc::make_bshd<const float>(k.data() + s * H * D, 1, P, H, D),
@@ -246,9 +249,9 @@ void half_decode_vs_contiguous(benchmark::State& state, int threads) {
   auto run_contiguous = [&] { posenc::attention<posenc::path::fused>(qv, contiguous, ov, posenc::none{}, opt); };
   run_paged();
   run_contiguous();
-  // The pages are consecutive: the pool's keys and values are the sequence's, in order.
-  S const* const pk = paged.page_keys(0, paged.pages()).data;
-  S const* const pv = paged.page_values(0, paged.pages()).data;
+  // Consecutive pages: the pool's keys and values are the sequence's, in order.
+  S const* const pk = paged.page_keys(0, S_len / P).data;
+  S const* const pv = paged.page_values(0, S_len / P).data;
   double paged_s = 0, contiguous_s = 0, read_s = 0;
   for (auto _ : state) {
     benchmark::DoNotOptimize(evict_caches(evict));
@@ -377,6 +380,17 @@ void prefill_vs_contiguous(benchmark::State& state, bool scattered, int threads)
   state.counters["threads"] = threads;
 }
 
+/// Registers half_decode_vs_contiguous<S> as paged/decode_vs_contiguous/<what>[_scattered]_pages/...
+template <class S>
+void register_half_decode(char const* what, int t, bool scattered) {
+  std::string const name = std::string("paged/decode_vs_contiguous/") + what +
+                           (scattered ? "_scattered_pages" : "_pages") + "/H8_D128_S4096_page16/threads:" +
+                           std::to_string(t);
+  benchmark::RegisterBenchmark(name.c_str(), [t, scattered](benchmark::State& s) {
+    half_decode_vs_contiguous<S>(s, t, scattered);
+  })->Unit(benchmark::kMicrosecond)->UseManualTime()->MinTime(0.5);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -393,18 +407,10 @@ int main(int argc, char** argv) {
         decode_vs_contiguous(s, order, t);
       })->Unit(benchmark::kMicrosecond)->UseManualTime()->MinTime(0.5);
     }
-    benchmark::RegisterBenchmark(("paged/decode_vs_contiguous/fp16_pages/H8_D128_S4096_page16/threads:" +
-                                  std::to_string(t)).c_str(),
-                                 [t](benchmark::State& s) { half_decode_vs_contiguous<Eigen::half>(s, t); })
-        ->Unit(benchmark::kMicrosecond)
-        ->UseManualTime()
-        ->MinTime(0.5);
-    benchmark::RegisterBenchmark(("paged/decode_vs_contiguous/bf16_pages/H8_D128_S4096_page16/threads:" +
-                                  std::to_string(t)).c_str(),
-                                 [t](benchmark::State& s) { half_decode_vs_contiguous<Eigen::bfloat16>(s, t); })
-        ->Unit(benchmark::kMicrosecond)
-        ->UseManualTime()
-        ->MinTime(0.5);
+    for (bool scattered : {false, true}) {
+      register_half_decode<Eigen::half>("fp16", t, scattered);
+      register_half_decode<Eigen::bfloat16>("bf16", t, scattered);
+    }
     benchmark::RegisterBenchmark(("paged/batched_decode/16_seqs_256_to_4096/H8_D128_page16/threads:" +
                                   std::to_string(t)).c_str(),
                                  [t](benchmark::State& s) { batched_decode(s, t); })

@@ -47,56 +47,6 @@ std::vector<S> random_mask(shape m, std::uint64_t seed) {
   return out;
 }
 
-/// out of `attention<P>` with the 16-bit mask and with the float mask of its
-/// widened values (same problem, same encoder): the number of elements whose
-/// bits differ, plus any NaN; for tensors of element type X (float or S).
-template <class P, class X, class S, class E>
-std::size_t mask_mismatches(shape ms, E const& enc, bool causal) {
-  std::vector<S> const m16 = random_mask<S>(ms, 31 + static_cast<std::uint64_t>(ms.batch * 8 + ms.heads * 4 + ms.q));
-  std::vector<float> m32(m16.size());
-  for (std::size_t i = 0; i < m16.size(); ++i) m32[i] = widen(m16[i]);
-  auto to_x = [](std::vector<float> const& f) {
-    std::vector<X> x(f.size());
-    for (std::size_t i = 0; i < f.size(); ++i) x[i] = posenc::detail::to_storage<X>(f[i]);
-    return x;
-  };
-  auto const qx = to_x(posenc_test::random_vector<float>(static_cast<std::size_t>(B * Sq * H * D), 1));
-  auto const kx = to_x(posenc_test::random_vector<float>(static_cast<std::size_t>(B * Sk * H * D), 2));
-  auto const vx = to_x(posenc_test::random_vector<float>(static_cast<std::size_t>(B * Sk * H * D), 3));
-  auto q = posenc::make_bshd(qx.data(), B, Sq, H, D);
-  auto k = posenc::make_bshd(kx.data(), B, Sk, H, D);
-  auto v = posenc::make_bshd(vx.data(), B, Sk, H, D);
-  std::vector<X> o16(qx.size()), o32(qx.size());
-  std::vector<float> l16(static_cast<std::size_t>(B * H * Sq)), l32(l16.size());
-  posenc::attention_options<float> opt;
-  opt.causal = causal;
-  opt.threads = 1;
-  opt.lse = l16.data();
-  posenc::attention<P>(q, k, v, posenc::make_bshd(o16.data(), B, Sq, H, D), enc, opt,
-                       posenc::make_mask(m16.data(), ms.batch, ms.heads, ms.q, ms.k));
-  opt.lse = l32.data();
-  opt.mask = posenc::make_mask(static_cast<float const*>(m32.data()), ms.batch, ms.heads, ms.q, ms.k);
-  posenc::attention<P>(q, k, v, posenc::make_bshd(o32.data(), B, Sq, H, D), enc, opt);
-  std::size_t bad = 0;
-  for (std::size_t i = 0; i < o16.size(); ++i) {
-    float const a = widen(o16[i]), b = widen(o32[i]);
-    bad += std::memcmp(&o16[i], &o32[i], sizeof(X)) != 0 || std::isnan(a) || std::isnan(b) ? 1 : 0;
-  }
-  for (std::size_t i = 0; i < l16.size(); ++i) bad += std::memcmp(&l16[i], &l32[i], sizeof(float)) != 0 ? 1 : 0;
-  return bad;
-}
-
-template <class P, class X, class S>
-void check_shapes() {
-  posenc::alibi<float> const enc(posenc::alibi_form::paper, H);
-  for (shape ms : {shape{1, 1, 1, Sk}, shape{B, 1, Sq, Sk}, shape{1, H, 1, Sk}, shape{B, H, Sq, Sk},
-                   shape{1, 1, Sq, Sk - 4}}) {  // the last: a short key extent masks the keys past it
-    CAPTURE(ms.batch, ms.heads, ms.q, ms.k);
-    CHECK(mask_mismatches<P, X, S>(ms, posenc::none{}, false) == 0);
-    CHECK(mask_mismatches<P, X, S>(ms, enc, true) == 0);
-  }
-}
-
 /// The float values of a 16-bit mask (exact).
 template <class S>
 std::vector<float> widened(std::vector<S> const& m) {
@@ -127,6 +77,62 @@ std::size_t bit_mismatches(std::vector<X> const& o16, std::vector<X> const& o32,
   return bad;
 }
 
+/// Runs `call(opt, out, mask16)` twice on one thread: with the 16-bit mask
+/// (mask16 true), then with opt.mask the float mask of its widened values
+/// (mask16 false, the call sets opt.mask), each with its own out (`outs`
+/// elements of X) and lse (`rows` floats); returns the elements whose bits
+/// differ between the two, plus any NaN out.
+template <class X, class Call>
+std::size_t masked_twice(std::size_t outs, std::size_t rows, bool causal, int threads, Call const& call) {
+  std::vector<X> o16(outs), o32(outs);
+  std::vector<float> l16(rows), l32(rows);
+  posenc::attention_options<float> opt;
+  opt.causal = causal;
+  opt.threads = threads;
+  opt.lse = l16.data();
+  call(opt, o16.data(), true);
+  opt.lse = l32.data();
+  call(opt, o32.data(), false);
+  return bit_mismatches(o16, o32, l16, l32);
+}
+
+/// out of `attention<P>` with the 16-bit mask and with the float mask of its
+/// widened values (same problem, same encoder): the number of elements whose
+/// bits differ, plus any NaN; for tensors of element type X (float or S).
+template <class P, class X, class S, class E>
+std::size_t mask_mismatches(shape ms, E const& enc, bool causal) {
+  std::vector<S> const m16 = random_mask<S>(ms, 31 + static_cast<std::uint64_t>(ms.batch * 8 + ms.heads * 4 + ms.q));
+  std::vector<float> const m32 = widened(m16);
+  auto const qx = random_x<X>(static_cast<std::size_t>(B * Sq * H * D), 1);
+  auto const kx = random_x<X>(static_cast<std::size_t>(B * Sk * H * D), 2);
+  auto const vx = random_x<X>(static_cast<std::size_t>(B * Sk * H * D), 3);
+  auto q = posenc::make_bshd(qx.data(), B, Sq, H, D);
+  auto k = posenc::make_bshd(kx.data(), B, Sk, H, D);
+  auto v = posenc::make_bshd(vx.data(), B, Sk, H, D);
+  return masked_twice<X>(qx.size(), static_cast<std::size_t>(B * H * Sq), causal, 1,
+                         [&](posenc::attention_options<float>& opt, X* out, bool mask16) {
+                           auto const o = posenc::make_bshd(out, B, Sq, H, D);
+                           if (mask16) {
+                             posenc::attention<P>(q, k, v, o, enc, opt,
+                                                  posenc::make_mask(m16.data(), ms.batch, ms.heads, ms.q, ms.k));
+                           } else {
+                             opt.mask = posenc::make_mask(m32.data(), ms.batch, ms.heads, ms.q, ms.k);
+                             posenc::attention<P>(q, k, v, o, enc, opt);
+                           }
+                         });
+}
+
+template <class P, class X, class S>
+void check_shapes() {
+  posenc::alibi<float> const enc(posenc::alibi_form::paper, H);
+  for (shape ms : {shape{1, 1, 1, Sk}, shape{B, 1, Sq, Sk}, shape{1, H, 1, Sk}, shape{B, H, Sq, Sk},
+                   shape{1, 1, Sq, Sk - 4}}) {  // the last: a short key extent masks the keys past it
+    CAPTURE(ms.batch, ms.heads, ms.q, ms.k);
+    CHECK(mask_mismatches<P, X, S>(ms, posenc::none{}, false) == 0);
+    CHECK(mask_mismatches<P, X, S>(ms, enc, true) == 0);
+  }
+}
+
 /// A kv_cache of X (float, or a 16-bit S with q and out S) holding Sk tokens
 /// from position 5, appended in two steps.
 template <class X>
@@ -153,18 +159,17 @@ std::size_t cache_mask_mismatches(shape ms, E const& enc, bool causal) {
   posenc::kv_cache<X> const cache = filled_cache<X>();
   auto const qx = random_x<X>(static_cast<std::size_t>(B * Sq * H * D), 11);
   auto q = posenc::make_bshd(qx.data(), B, Sq, H, D);
-  std::vector<X> o16(qx.size()), o32(qx.size());
-  std::vector<float> l16(static_cast<std::size_t>(B * H * Sq)), l32(l16.size());
-  posenc::attention_options<float> opt;
-  opt.causal = causal;
-  opt.threads = 1;
-  opt.lse = l16.data();
-  posenc::attention<P>(q, cache, posenc::make_bshd(o16.data(), B, Sq, H, D), enc, opt,
-                       posenc::make_mask(m16.data(), ms.batch, ms.heads, ms.q, ms.k));
-  opt.lse = l32.data();
-  opt.mask = posenc::make_mask(m32.data(), ms.batch, ms.heads, ms.q, ms.k);
-  posenc::attention<P>(q, cache, posenc::make_bshd(o32.data(), B, Sq, H, D), enc, opt);
-  return bit_mismatches(o16, o32, l16, l32);
+  return masked_twice<X>(qx.size(), static_cast<std::size_t>(B * H * Sq), causal, 1,
+                         [&](posenc::attention_options<float>& opt, X* out, bool mask16) {
+                           auto const o = posenc::make_bshd(out, B, Sq, H, D);
+                           if (mask16) {
+                             posenc::attention<P>(q, cache, o, enc, opt,
+                                                  posenc::make_mask(m16.data(), ms.batch, ms.heads, ms.q, ms.k));
+                           } else {
+                             opt.mask = posenc::make_mask(m32.data(), ms.batch, ms.heads, ms.q, ms.k);
+                             posenc::attention<P>(q, cache, o, enc, opt);
+                           }
+                         });
 }
 
 /// Packed sequences: queries and keys of each (one without queries; with
@@ -188,18 +193,18 @@ std::size_t packed_mask_mismatches(shape ms, E const& enc, bool causal) {
   auto q = posenc::make_bshd(qx.data(), 1, Qt, H, D);
   auto k = posenc::make_bshd(kx.data(), 1, Kt, H, D);
   auto v = posenc::make_bshd(vx.data(), 1, Kt, H, D);
-  std::vector<X> o16(qx.size()), o32(qx.size());
-  std::vector<float> l16(static_cast<std::size_t>(H * Qt)), l32(l16.size());
-  posenc::attention_options<float> opt;
-  opt.causal = causal;
-  opt.threads = 2;  // sequences on two threads; each result is the same
-  opt.lse = l16.data();
-  posenc::attention<P>(q, k, v, posenc::make_bshd(o16.data(), 1, Qt, H, D), seqs, enc, opt,
-                       posenc::make_mask(m16.data(), ms.batch, ms.heads, ms.q, ms.k));
-  opt.lse = l32.data();
-  opt.mask = posenc::make_mask(m32.data(), ms.batch, ms.heads, ms.q, ms.k);
-  posenc::attention<P>(q, k, v, posenc::make_bshd(o32.data(), 1, Qt, H, D), seqs, enc, opt);
-  return bit_mismatches(o16, o32, l16, l32);
+  // Sequences on two threads: each result is the same.
+  return masked_twice<X>(qx.size(), static_cast<std::size_t>(H * Qt), causal, 2,
+                         [&](posenc::attention_options<float>& opt, X* out, bool mask16) {
+                           auto const o = posenc::make_bshd(out, 1, Qt, H, D);
+                           if (mask16) {
+                             posenc::attention<P>(q, k, v, o, seqs, enc, opt,
+                                                  posenc::make_mask(m16.data(), ms.batch, ms.heads, ms.q, ms.k));
+                           } else {
+                             opt.mask = posenc::make_mask(m32.data(), ms.batch, ms.heads, ms.q, ms.k);
+                             posenc::attention<P>(q, k, v, o, seqs, enc, opt);
+                           }
+                         });
 }
 
 template <class P, class X, class S>

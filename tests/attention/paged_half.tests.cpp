@@ -7,8 +7,10 @@
 #include <posenc/attention/paged_kv_cache.hpp>
 #include <posenc/core/half.hpp>
 #include <posenc/encoding/alibi.hpp>
+#include <posenc/encoding/clipped_bias.hpp>
 #include <posenc/encoding/none.hpp>
 #include <posenc/encoding/rope.hpp>
+#include <posenc/encoding/shaw.hpp>
 #include <posenc/encoding/t5_bias.hpp>
 #include <posenc/encoding/transformer_xl.hpp>
 
@@ -537,30 +539,45 @@ TEST_CASE("paged_kv_cache<half> and <bfloat16>: errors as for float caches, noth
 
 namespace {
 
-/// Transformer-XL (its memory kept whole, and cut to the last 9 keys) and a
-/// T5 bias with a binary16 table, over binary16 pages (appended with none),
-/// float q and out: the checks of check_attention, among them the paged
-/// fused call against each sequence alone over its contiguous kv_cache<S>
-/// and the paged reference against the double reference on the widened values.
-void check_more_encoders() {
-  using S = Eigen::half;
+/// Transformer-XL (its memory kept whole, and cut to the last 9 keys) and the
+/// T5, clipped and Shaw encoders with S tables, over S pages (appended with
+/// none), with float q and out and with all-16-bit q and out: the checks of
+/// check_attention, among them the paged fused call against each sequence
+/// alone over its contiguous kv_cache<S> and the paged reference against the
+/// double reference on the widened values.
+template <class S>
+void check_more_encoders(char const* format) {
   std::vector<float> const w = random_vector<float>(static_cast<std::size_t>(32 * Hq), 61, -2, 2);
   posenc::relative_table<float> table(32, Hq);
   for (index_t b = 0; b < 32; ++b)
     for (index_t h = 0; h < Hq; ++h) table(b, h) = w[static_cast<std::size_t>(b * Hq + h)];
   auto const t5 = posenc::t5_bias<S>::rounded_from(posenc::t5_bias<float>({Hq, true, 32, 128}, table));
+  // Distances clipped at 6 (the scenes' sequences are longer), tables drawn
+  // wide enough that their terms move the result; Shaw with key terms only
+  // (its value terms need value_dim == head_dim).
+  index_t const K = 6;
+  auto draw = [](index_t rows, index_t cols, std::uint64_t seed) {
+    std::vector<float> const x = random_vector<float>(static_cast<std::size_t>(rows * cols), seed, -1, 1);
+    posenc::relative_table<float> t(rows, cols);
+    for (index_t r = 0; r < rows; ++r)
+      for (index_t c = 0; c < cols; ++c) t(r, c) = x[static_cast<std::size_t>(r * cols + c)];
+    return t;
+  };
+  auto const clipped = posenc::clipped_bias<S>::rounded_from(posenc::clipped_bias<float>(K, Hq, draw(2 * K + 1, Hq, 62)));
+  auto const shaw = posenc::shaw<S>::rounded_from(posenc::shaw<float>(K, draw(2 * K + 1, D, 63)));
   for (index_t page : {index_t(16), index_t(64)}) {
     scene<S> const sc(page, posenc::none{});
-    std::string const base = "binary16 page " + std::to_string(page);
+    std::string const base = std::string(format) + " page " + std::to_string(page);
     for (index_t memory : {index_t(0), index_t(9)}) {
       auto const txl = posenc_test::random_transformer_xl<float>(Hq, D, 6, 1024, 77, memory);
       std::string const what = base + " transformer-xl memory " + std::to_string(memory);
       INFO(what);
       // Transformer-XL's queries are the last of their sequence's tokens: at most 12 (sequence 1).
-      check_calls(sc, txl, page, what, false, W / 2);
+      check_calls(sc, txl, page, what, true, W / 2);
     }
-    INFO(base << " t5_bias<Eigen::half>");
-    check_calls(sc, t5, page, base + " t5_bias<Eigen::half>", false, W / 2);
+    check_calls(sc, t5, page, base + " t5_bias<16-bit>", true, W / 2);
+    check_calls(sc, clipped, page, base + " clipped_bias<16-bit>", true, W / 2);
+    check_calls(sc, shaw, page, base + " shaw<16-bit>", true, W / 2);
   }
 }
 
@@ -747,9 +764,16 @@ void check_mask_errors(char const* format) {
 
 }  // namespace
 
-TEST_CASE("paged_kv_cache<half>: transformer_xl and a 16-bit T5 table as over the contiguous 16-bit cache",
+TEST_CASE("paged_kv_cache<half>: transformer_xl and 16-bit T5, clipped and Shaw tables as over the contiguous 16-bit "
+          "cache",
           "[paged][half]") {
-  check_more_encoders();
+  check_more_encoders<Eigen::half>("binary16");
+}
+
+TEST_CASE("paged_kv_cache<bfloat16>: transformer_xl and 16-bit T5, clipped and Shaw tables as over the contiguous "
+          "16-bit cache",
+          "[paged][half]") {
+  check_more_encoders<Eigen::bfloat16>("bfloat16");
 }
 
 TEST_CASE("paged_kv_cache<half> and <bfloat16>: a 16-bit mask is the float mask of its widened values, bit for bit",

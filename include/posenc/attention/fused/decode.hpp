@@ -14,9 +14,11 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "posenc/attention/fused/micro_kernels.hpp"
 #include "posenc/attention/fused/row_kernel.hpp"
 #include "posenc/attention/fused/scratch.hpp"
 #include "posenc/attention/fused/softmax.hpp"
@@ -27,19 +29,69 @@
 
 namespace posenc::detail::fused {
 
+/// The decode walk: units [u0, u1) (unit u: kv head u / groups, row group
+/// u % groups; `rows_of(u)` its rows, `states(u)` its state) against keys
+/// [first, last) of batch entry b, step by step with every unit of a step
+/// together, so that the cache is read as one front moving through memory;
+/// every group of a head reuses the head's keys from cache. `Guard` as in
+/// row_tile.
+///
+/// The step: a float cache is walked a whole key tile at a time, and the
+/// hardware prefetchers follow the front (software prefetch made it slower).
+/// A 16-bit cache has rows half as long per head, and the prefetchers fall
+/// behind: the walk goes half_decode_step_v keys at a time (one score block
+/// of 16 keys), and while the units of one step run, each fetches its share
+/// of the next step's K and V rows (of every kv head the units cover, in
+/// memory order).
+/// Measured (docs/performance.md): 0.6x to 0.85x the time of the whole-tile
+/// walk. `decode_step_v<Tr, KV, E>` is the step; a walk over gathered pages
+/// takes the same steps, so that both give the same bits. Encoders with
+/// Shaw-like terms (relative_key_value) never reach the contiguous decode:
+/// the row kernel walks them whole tiles at a time (row_item_tiles), and so
+/// does every paged walk of them, whatever KV is.
+template <class Tr, class KV, class E>
+inline constexpr index_t decode_step_v =
+    std::is_same_v<KV, typename Tr::value_type> || encoder_traits<E>::relative_key_value ? Tr::block_kv_v
+                                                                                       : Tr::half_decode_step_v;
+
+template <class Tr, bool Guard, class T, class KV, class E, class RowsOf, class StateOf>
+void decode_steps(attention_plan<T> const& p, view<const KV> k, view<const KV> v, E const& enc, index_t b,
+                  index_t first, index_t last, index_t u0, index_t u1, index_t groups, rotation_ids const* rot,
+                  row_scratch<Tr> const& sc, RowsOf const& rows_of, StateOf const& states) noexcept {
+  constexpr bool half_v = !std::is_same_v<KV, T>;
+  constexpr index_t step_v = decode_step_v<Tr, KV, E>;
+  index_t const units = u1 - u0;
+  for (index_t t0 = first; t0 < last; t0 += step_v) {
+    index_t const nk = std::min(step_v, last - t0);
+    [[maybe_unused]] index_t const next = t0 + nk, nn = std::min(step_v, last - next);
+    for (index_t u = u0; u < u1; ++u) {
+      if constexpr (half_v) {
+        if (nn > 0) {  // unit u's share of the next step's key rows, every kv head of the units
+          index_t const a = next + (u - u0) * nn / units, n = next + (u - u0 + 1) * nn / units - a;
+          for (index_t h = u0 / groups; h <= (u1 - 1) / groups; ++h) {
+            prefetch_rows(k.ptr(b, a, h), k.seq_stride, n, p.head_dim);
+            prefetch_rows(v.ptr(b, a, h), v.seq_stride, n, p.value_dim);
+          }
+        }
+      }
+      // This unit's own visible union, clipped to the step.
+      row_rows<Tr> const& r = rows_of(u);
+      index_t const a = std::max(t0, r.first), e = std::min(t0 + nk, r.last);
+      if (a < e) row_tile<Tr, Guard>(p, k, v, enc, b, u / groups, r, a, e - a, rot, sc, states(u));
+    }
+  }
+}
+
 /// Decode: rows [0, R) of every kv head of batch entry b (R below a lane
-/// block, in groups of row_group_v) against keys [j0, j1), walking the keys
-/// tile by tile with all heads of a tile together, so that the cache is read
-/// as one front moving through memory; every group of a head reuses the
-/// head's tile from cache. The hardware prefetchers follow this front:
-/// software prefetch of the next tile made it slower. `states(hk, grp)` gives
-/// the state of a row group; rr holds kv_heads * groups entries. `Guard` as
-/// in row_tile.
+/// block, in groups of row_group_v) against keys [j0, j1): one row setup per
+/// unit, then decode_steps over the union of their visible keys.
+/// `states(hk, grp)` gives the state of a row group; rr holds kv_heads *
+/// groups entries. `Guard` as in row_tile.
 template <class Tr, bool Guard, class T, class Q, class KV, class E, class StateOf>
 void decode_item(attention_plan<T> const& p, view<const Q> q, view<const KV> k, view<const KV> v, E const& enc,
                  index_t b, index_t j0, index_t j1, rotation_ids const* rot, row_scratch<Tr> const& sc,
                  row_rows<Tr>* rr, StateOf const& states) noexcept {
-  constexpr index_t rg_v = Tr::row_group_v, bk_v = Tr::block_kv_v;
+  constexpr index_t rg_v = Tr::row_group_v;
   index_t const kv_heads = p.kv_heads, rows = p.q_len * p.group, groups = (rows + rg_v - 1) / rg_v;
   index_t first = j1, last = j0;
   for (index_t u = 0; u < kv_heads * groups; ++u) {
@@ -51,15 +103,9 @@ void decode_item(attention_plan<T> const& p, view<const Q> q, view<const KV> k, 
       last = std::max(last, rr[u].last);
     }
   }
-  for (index_t t0 = first; t0 < last; t0 += bk_v) {
-    index_t const nk = std::min(bk_v, last - t0);
-    for (index_t u = 0; u < kv_heads * groups; ++u) {
-      // This group's own visible union, clipped to the tile.
-      index_t const a = std::max(t0, rr[u].first), e = std::min(t0 + nk, rr[u].last);
-      if (a < e)
-        row_tile<Tr, Guard>(p, k, v, enc, b, u / groups, rr[u], a, e - a, rot, sc, states(u / groups, u % groups));
-    }
-  }
+  decode_steps<Tr, Guard>(p, k, v, enc, b, first, last, 0, kv_heads * groups, groups, rot, sc,
+                          [&](index_t u) -> row_rows<Tr> const& { return rr[u]; },
+                          [&](index_t u) { return states(u / groups, u % groups); });
 }
 
 /// How the keys are split: `chunks` ranges of `chunk_len` keys (a multiple of

@@ -29,6 +29,7 @@
 
 #include <algorithm>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "posenc/attention/fused/decode.hpp"
@@ -150,18 +151,18 @@ void paged_row_tile(attention_plan<T> const& p, paged_tile_rows<T, S> const& tr,
 }
 
 /// Row groups [u0, u1) (unit u: kv head u / groups, group u % groups) of the
-/// chunk's entry against the chunk's keys: one row setup, then tiles of
-/// block_kv_v keys laid over the whole chunk, each gathered across its page
-/// runs (so the softmax update runs once per tile whatever the page size),
-/// all units of a tile together so that the pages are read as one front.
-/// A chunk that is one run of pages takes the contiguous tile step instead.
+/// chunk's entry against the chunk's keys: one row setup, then steps of
+/// decode_step_v keys laid over the whole chunk, each gathered across its page
+/// runs (so the softmax update runs once per step whatever the page size),
+/// all units of a step together so that the pages are read as one front.
+/// A chunk that is one run of pages takes the contiguous decode's steps.
 /// Every key keeps its global index in the entry, so positions, masks and
 /// windows see it where it sits. `Guard` as in row_tile.
 template <class Tr, bool Guard, class T, class Q, class S, class E, class StateOf>
 void paged_item(attention_plan<T> const& p, view<const Q> q, paged_run<S> const* runs, paged_chunk const& ch,
                 index_t u0, index_t u1, index_t groups, index_t kstride, index_t vstride, E const& enc,
                 rotation_ids const* rot, row_scratch<Tr> const& sc, row_rows<Tr>* rr, StateOf const& states) noexcept {
-  constexpr index_t rg_v = Tr::row_group_v, bk_v = Tr::block_kv_v;
+  constexpr index_t rg_v = Tr::row_group_v;
   index_t const rows = p.q_len * p.group;
   index_t first = ch.j1, last = ch.j0;
   for (index_t u = u0; u < u1; ++u) {
@@ -176,31 +177,45 @@ void paged_item(attention_plan<T> const& p, view<const Q> q, paged_run<S> const*
   }
   if (ch.r1 - ch.r0 == 1) {
     // One run of pages with consecutive ids: a strided view, walked by the
-    // contiguous decode's own tile step (no row lists to gather).
+    // contiguous decode's own steps (no row lists to gather).
     paged_run<S> const& run = runs[ch.r0];
     view<const S> const k = chunk_view(run.k, run.j0, run.j1, p.kv_heads, p.head_dim, kstride);
     view<const S> const v = chunk_view(run.v, run.j0, run.j1, p.kv_heads, p.value_dim, vstride);
-    for (index_t t0 = first; t0 < last; t0 += bk_v) {
-      index_t const nk = std::min(bk_v, last - t0);
-      for (index_t u = u0; u < u1; ++u) {
-        row_rows<Tr> const& r = rr[u - u0];
-        index_t const a = std::max(t0, r.first), e = std::min(t0 + nk, r.last);
-        if (a < e) row_tile<Tr, Guard>(p, k, v, enc, 0, u / groups, r, a, e - a, rot, sc, states(u));
-      }
-    }
+    decode_steps<Tr, Guard>(p, k, v, enc, 0, first, last, u0, u1, groups, rot, sc,
+                            [&](index_t u) -> row_rows<Tr> const& { return rr[u - u0]; }, states);
     return;
   }
-  paged_tile_rows<T, S> tr;
+  // Gathered steps of the contiguous kernel's size (the same bits); over
+  // 16-bit pages, the next step's rows are gathered one step ahead and
+  // fetched while the units of this step run, as decode_steps does.
+  constexpr index_t step_v = decode_step_v<Tr, S, E>;
+  constexpr bool half_v = !std::is_same_v<S, T>;
+  paged_tile_rows<T, S> rows_a, rows_b;
+  paged_tile_rows<T, S>* tr = &rows_a;
+  paged_tile_rows<T, S>* tn = &rows_b;
   index_t ri = ch.r0;
-  for (index_t t0 = first; t0 < last; t0 += bk_v) {
-    index_t const nk = std::min(bk_v, last - t0);
-    gather_tile_rows(runs, &ri, t0, nk, kstride, vstride, tr);
+  if (first < last) gather_tile_rows(runs, &ri, first, std::min(step_v, last - first), kstride, vstride, *tr);
+  // The kv heads of the units: one span of each token row.
+  index_t const h0 = u0 / groups, heads = (u1 - 1) / groups + 1 - h0;
+  for (index_t t0 = first; t0 < last; t0 += step_v) {
+    index_t const nk = std::min(step_v, last - t0), next = t0 + nk, nn = std::min(step_v, last - next);
+    if (nn > 0) gather_tile_rows(runs, &ri, next, nn, kstride, vstride, *tn);
     for (index_t u = u0; u < u1; ++u) {
-      // This group's own visible union, clipped to the tile.
+      if constexpr (half_v) {
+        if (nn > 0) {  // unit u's share of the next step's key rows
+          index_t const j0 = (u - u0) * nn / (u1 - u0), j1 = (u - u0 + 1) * nn / (u1 - u0);
+          for (index_t j = j0; j < j1; ++j) {
+            prefetch_rows(tn->k[j] + h0 * p.head_dim, 0, 1, heads * p.head_dim);
+            prefetch_rows(tn->v[j] + h0 * p.value_dim, 0, 1, heads * p.value_dim);
+          }
+        }
+      }
+      // This group's own visible union, clipped to the step.
       row_rows<Tr> const& r = rr[u - u0];
       index_t const a = std::max(t0, r.first), e = std::min(t0 + nk, r.last);
-      if (a < e) paged_row_tile<Tr, Guard>(p, tr, a - t0, enc, u / groups, r, a, e - a, sc, states(u));
+      if (a < e) paged_row_tile<Tr, Guard>(p, *tr, a - t0, enc, u / groups, r, a, e - a, sc, states(u));
     }
+    std::swap(tr, tn);
   }
 }
 

@@ -58,6 +58,9 @@ struct fused_traits {
   static constexpr index_t lane_kernel_min_rows_v = width_v;
   /// Row groups per kv head on the decode path at most (fewer rows than a lane block).
   static constexpr index_t max_decode_groups_v = (lane_kernel_min_rows_v + row_group_v - 1) / row_group_v;
+  /// Keys of one step of the decode walk over a 16-bit cache (a divisor of
+  /// BlockKV; see fused/decode.hpp).
+  static constexpr index_t half_decode_step_v = BlockKV % 16 == 0 ? 16 : BlockKV;
 
   static_assert(BlockQ <= max_block_q_v, "posenc::fused_traits: BlockQ must be <= 256");
   static_assert(BlockQ > 0 && BlockQ % width_v == 0,
