@@ -98,19 +98,20 @@ std::size_t masked_twice(std::size_t outs, std::size_t rows, bool causal, int th
 
 /// out of `attention<P>` with the 16-bit mask and with the float mask of its
 /// widened values (same problem, same encoder): the number of elements whose
-/// bits differ, plus any NaN; for tensors of element type X (float or S).
-template <class P, class X, class S, class E>
+/// bits differ, plus any NaN; q and out of element type Q, k and v of KV
+/// (float tensors, float q and out with S k and v, or all-S tensors).
+template <class P, class Q, class KV, class S, class E>
 std::size_t mask_mismatches(shape ms, E const& enc, bool causal) {
   std::vector<S> const m16 = random_mask<S>(ms, 31 + static_cast<std::uint64_t>(ms.batch * 8 + ms.heads * 4 + ms.q));
   std::vector<float> const m32 = widened(m16);
-  auto const qx = random_x<X>(static_cast<std::size_t>(B * Sq * H * D), 1);
-  auto const kx = random_x<X>(static_cast<std::size_t>(B * Sk * H * D), 2);
-  auto const vx = random_x<X>(static_cast<std::size_t>(B * Sk * H * D), 3);
+  auto const qx = random_x<Q>(static_cast<std::size_t>(B * Sq * H * D), 1);
+  auto const kx = random_x<KV>(static_cast<std::size_t>(B * Sk * H * D), 2);
+  auto const vx = random_x<KV>(static_cast<std::size_t>(B * Sk * H * D), 3);
   auto q = posenc::make_bshd(qx.data(), B, Sq, H, D);
   auto k = posenc::make_bshd(kx.data(), B, Sk, H, D);
   auto v = posenc::make_bshd(vx.data(), B, Sk, H, D);
-  return masked_twice<X>(qx.size(), static_cast<std::size_t>(B * H * Sq), causal, 1,
-                         [&](posenc::attention_options<float>& opt, X* out, bool mask16) {
+  return masked_twice<Q>(qx.size(), static_cast<std::size_t>(B * H * Sq), causal, 1,
+                         [&](posenc::attention_options<float>& opt, Q* out, bool mask16) {
                            auto const o = posenc::make_bshd(out, B, Sq, H, D);
                            if (mask16) {
                              posenc::attention<P>(q, k, v, o, enc, opt,
@@ -122,14 +123,14 @@ std::size_t mask_mismatches(shape ms, E const& enc, bool causal) {
                          });
 }
 
-template <class P, class X, class S>
+template <class P, class Q, class KV, class S>
 void check_shapes() {
   posenc::alibi<float> const enc(posenc::alibi_form::paper, H);
   for (shape ms : {shape{1, 1, 1, Sk}, shape{B, 1, Sq, Sk}, shape{1, H, 1, Sk}, shape{B, H, Sq, Sk},
                    shape{1, 1, Sq, Sk - 4}}) {  // the last: a short key extent masks the keys past it
     CAPTURE(ms.batch, ms.heads, ms.q, ms.k);
-    CHECK(mask_mismatches<P, X, S>(ms, posenc::none{}, false) == 0);
-    CHECK(mask_mismatches<P, X, S>(ms, enc, true) == 0);
+    CHECK(mask_mismatches<P, Q, KV, S>(ms, posenc::none{}, false) == 0);
+    CHECK(mask_mismatches<P, Q, KV, S>(ms, enc, true) == 0);
   }
 }
 
@@ -151,16 +152,16 @@ posenc::kv_cache<X> filled_cache() {
 
 /// As mask_mismatches, through the kv_cache call: `attention<P>(q, cache, out,
 /// enc, opt, mask16)` against the same call with opt.mask the widened values.
-/// X: float (kv_cache<float>) or S (kv_cache<S>, q and out S).
-template <class P, class X, class S, class E>
+/// Q and KV as there (the cache a kv_cache<KV>).
+template <class P, class Q, class KV, class S, class E>
 std::size_t cache_mask_mismatches(shape ms, E const& enc, bool causal) {
   std::vector<S> const m16 = random_mask<S>(ms, 71 + static_cast<std::uint64_t>(ms.batch * 8 + ms.heads * 4 + ms.q));
   std::vector<float> const m32 = widened(m16);
-  posenc::kv_cache<X> const cache = filled_cache<X>();
-  auto const qx = random_x<X>(static_cast<std::size_t>(B * Sq * H * D), 11);
+  posenc::kv_cache<KV> const cache = filled_cache<KV>();
+  auto const qx = random_x<Q>(static_cast<std::size_t>(B * Sq * H * D), 11);
   auto q = posenc::make_bshd(qx.data(), B, Sq, H, D);
-  return masked_twice<X>(qx.size(), static_cast<std::size_t>(B * H * Sq), causal, 1,
-                         [&](posenc::attention_options<float>& opt, X* out, bool mask16) {
+  return masked_twice<Q>(qx.size(), static_cast<std::size_t>(B * H * Sq), causal, 1,
+                         [&](posenc::attention_options<float>& opt, Q* out, bool mask16) {
                            auto const o = posenc::make_bshd(out, B, Sq, H, D);
                            if (mask16) {
                              posenc::attention<P>(q, cache, o, enc, opt,
@@ -178,8 +179,8 @@ constexpr index_t packed_q[] = {3, 0, 5, 1}, packed_k[] = {7, 4, 6, 9};
 constexpr index_t Qt = 9, Kt = 26;  // their sums
 
 /// As mask_mismatches, through the packed call: (1, 1 or H, 1 or Qt, <= Kt)
-/// masks in packed coordinates; X: float tensors or all-16-bit S tensors.
-template <class P, class X, class S, class E>
+/// masks in packed coordinates; Q and KV as there.
+template <class P, class Q, class KV, class S, class E>
 std::size_t packed_mask_mismatches(shape ms, E const& enc, bool causal) {
   std::vector<S> const m16 = random_mask<S>(ms, 91 + static_cast<std::uint64_t>(ms.heads * 4 + ms.q + ms.k));
   std::vector<float> const m32 = widened(m16);
@@ -187,15 +188,15 @@ std::size_t packed_mask_mismatches(shape ms, E const& enc, bool causal) {
   std::vector<index_t> const ck = posenc::cumulative_lengths(posenc::span<const index_t>(packed_k, 4));
   posenc::packed_sequences const seqs{posenc::span<const index_t>(cq.data(), 5),
                                       posenc::span<const index_t>(ck.data(), 5)};
-  auto const qx = random_x<X>(static_cast<std::size_t>(Qt * H * D), 21);
-  auto const kx = random_x<X>(static_cast<std::size_t>(Kt * H * D), 22);
-  auto const vx = random_x<X>(static_cast<std::size_t>(Kt * H * D), 23);
+  auto const qx = random_x<Q>(static_cast<std::size_t>(Qt * H * D), 21);
+  auto const kx = random_x<KV>(static_cast<std::size_t>(Kt * H * D), 22);
+  auto const vx = random_x<KV>(static_cast<std::size_t>(Kt * H * D), 23);
   auto q = posenc::make_bshd(qx.data(), 1, Qt, H, D);
   auto k = posenc::make_bshd(kx.data(), 1, Kt, H, D);
   auto v = posenc::make_bshd(vx.data(), 1, Kt, H, D);
   // Sequences on two threads: each result is the same.
-  return masked_twice<X>(qx.size(), static_cast<std::size_t>(H * Qt), causal, 2,
-                         [&](posenc::attention_options<float>& opt, X* out, bool mask16) {
+  return masked_twice<Q>(qx.size(), static_cast<std::size_t>(H * Qt), causal, 2,
+                         [&](posenc::attention_options<float>& opt, Q* out, bool mask16) {
                            auto const o = posenc::make_bshd(out, 1, Qt, H, D);
                            if (mask16) {
                              posenc::attention<P>(q, k, v, o, seqs, enc, opt,
@@ -207,21 +208,21 @@ std::size_t packed_mask_mismatches(shape ms, E const& enc, bool causal) {
                          });
 }
 
-template <class P, class X, class S>
+template <class P, class Q, class KV, class S>
 void check_calls() {
   posenc::alibi<float> const enc(posenc::alibi_form::paper, H);
   // The last cache shape: a key extent shorter than cache.length() masks the cached keys past it.
   for (shape ms : {shape{1, 1, 1, Sk}, shape{B, H, Sq, Sk}, shape{1, H, 1, Sk}, shape{1, 1, Sq, Sk - 4}}) {
     CAPTURE(ms.batch, ms.heads, ms.q, ms.k);
-    CHECK(cache_mask_mismatches<P, X, S>(ms, posenc::none{}, false) == 0);
-    CHECK(cache_mask_mismatches<P, X, S>(ms, enc, true) == 0);
+    CHECK(cache_mask_mismatches<P, Q, KV, S>(ms, posenc::none{}, false) == 0);
+    CHECK(cache_mask_mismatches<P, Q, KV, S>(ms, enc, true) == 0);
   }
   // Packed: key extents ending inside the last sequence's keys (18) and
   // inside sequence 2's (13: sequence 3 fully masked, zero rows, lse -inf).
   for (shape ms : {shape{1, 1, 1, Kt}, shape{1, H, Qt, Kt}, shape{1, 1, Qt, Kt - 8}, shape{1, H, 1, 13}}) {
     CAPTURE(ms.batch, ms.heads, ms.q, ms.k);
-    CHECK(packed_mask_mismatches<P, X, S>(ms, posenc::none{}, false) == 0);
-    CHECK(packed_mask_mismatches<P, X, S>(ms, enc, true) == 0);
+    CHECK(packed_mask_mismatches<P, Q, KV, S>(ms, posenc::none{}, false) == 0);
+    CHECK(packed_mask_mismatches<P, Q, KV, S>(ms, enc, true) == 0);
   }
 }
 
@@ -231,13 +232,15 @@ TEMPLATE_TEST_CASE("16-bit mask: exactly the float mask of the widened values, b
                    "[mask][half]", Eigen::half, Eigen::bfloat16) {
   using S = TestType;
   SECTION("float tensors") {
-    check_shapes<posenc::path::fused, float, S>();
-    check_shapes<posenc::path::reference, float, S>();
-    check_shapes<posenc::path::materialized, float, S>();
+    check_shapes<posenc::path::fused, float, float, S>();
+    check_shapes<posenc::path::reference, float, float, S>();
+    check_shapes<posenc::path::materialized, float, float, S>();
   }
   SECTION("16-bit K and V, and all-16-bit tensors") {
-    check_shapes<posenc::path::fused, S, S>();
-    check_shapes<posenc::path::reference, S, S>();
+    check_shapes<posenc::path::fused, float, S, S>();
+    check_shapes<posenc::path::reference, float, S, S>();
+    check_shapes<posenc::path::fused, S, S, S>();
+    check_shapes<posenc::path::reference, S, S, S>();
   }
 }
 
@@ -302,12 +305,16 @@ TEMPLATE_TEST_CASE("16-bit mask over a kv_cache and packed sequences: exactly th
                    "[mask][half][kv_cache][packed]", Eigen::half, Eigen::bfloat16) {
   using S = TestType;
   SECTION("float tensors, kv_cache<float>") {
-    check_calls<posenc::path::fused, float, S>();
-    check_calls<posenc::path::reference, float, S>();
+    check_calls<posenc::path::fused, float, float, S>();
+    check_calls<posenc::path::reference, float, float, S>();
+  }
+  SECTION("float q and out, 16-bit K and V, kv_cache<S>") {
+    check_calls<posenc::path::fused, float, S, S>();
+    check_calls<posenc::path::reference, float, S, S>();
   }
   SECTION("all-16-bit tensors, kv_cache<S>") {
-    check_calls<posenc::path::fused, S, S>();
-    check_calls<posenc::path::reference, S, S>();
+    check_calls<posenc::path::fused, S, S, S>();
+    check_calls<posenc::path::reference, S, S, S>();
   }
 }
 

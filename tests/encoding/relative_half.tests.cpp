@@ -1,13 +1,19 @@
 // SPDX-License-Identifier: MIT
-// t5_bias, clipped_bias and shaw with 16-bit tables: rounded once, then exactly the float encoder of the widened table.
+// t5_bias, clipped_bias and shaw with 16-bit tables: rounded once, then exactly the float encoder of the widened table
+// (forward, attention_backward and multi_head_attention).
 #include <posenc/attention/attention.hpp>
+#include <posenc/attention/backward.hpp>
+#include <posenc/attention/multi_head.hpp>
 #include <posenc/core/half.hpp>
 #include <posenc/encoding/clipped_bias.hpp>
 #include <posenc/encoding/shaw.hpp>
 #include <posenc/encoding/t5_bias.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "support/catch.hpp"
@@ -106,6 +112,111 @@ std::size_t attention_mismatches(E1 const& e1, E2 const& e2, index_t heads, inde
   return bad;
 }
 
+/// Elements whose bits differ between a and b, plus any NaN (a size
+/// difference counts as one).
+template <class A, class B>
+std::size_t float_mismatches(A const& a, B const& b) {
+  if (a.size() != b.size()) return 1;
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < static_cast<std::size_t>(a.size()); ++i)
+    bad += a.data()[i] != b.data()[i] || std::isnan(a.data()[i]) ? 1 : 0;
+  return bad;
+}
+
+template <class G, class = void>
+struct has_table : std::false_type {};
+template <class G>
+struct has_table<G, std::void_t<decltype(std::declval<G const&>().table)>> : std::true_type {};
+
+/// The table gradients of t5_bias and clipped_bias (`table`) or of shaw (`key`, `value`).
+template <class G>
+std::vector<relative_table<float>> table_gradients(G const& g) {
+  if constexpr (has_table<G>::value) {
+    return {g.table};
+  } else {
+    return {g.key, g.value};
+  }
+}
+
+/// Table gradients of e1 (16-bit tables) and e2 (the float encoder of the
+/// widened tables): mismatching elements, plus one when the first table's
+/// gradient is all zero (nothing would have been checked).
+template <class G1, class G2>
+std::size_t table_mismatches(G1 const& g1, G2 const& g2) {
+  std::vector<relative_table<float>> const t1 = table_gradients(g1), t2 = table_gradients(g2);
+  std::size_t bad = t1.size() == t2.size() && t1[0].cwiseAbs().sum() > 0.0f ? 0 : 1;
+  for (std::size_t i = 0; i < std::min(t1.size(), t2.size()); ++i) bad += float_mismatches(t1[i], t2[i]);
+  return bad;
+}
+
+/// attention_backward<P> with e1 and with e2 on one float problem (causal,
+/// one thread): the elements of dq, dk, dv and the table gradients whose
+/// bits differ.
+template <class P, class E1, class E2>
+std::size_t backward_mismatches(E1 const& e1, E2 const& e2, index_t heads, index_t d) {
+  index_t const B = 2, S = 19;
+  std::size_t const n = static_cast<std::size_t>(B * S * heads * d);
+  std::vector<float> q = posenc_test::random_vector<float>(n, 1), k = posenc_test::random_vector<float>(n, 2),
+                     v = posenc_test::random_vector<float>(n, 3), dout = posenc_test::random_vector<float>(n, 4);
+  std::vector<float> out(n), lse(static_cast<std::size_t>(B * heads * S));
+  auto at = [&](std::vector<float>& x) { return posenc::make_bshd(x.data(), B, S, heads, d); };
+  posenc::attention_options<float> opt;
+  opt.causal = true;
+  opt.threads = 1;
+  opt.lse = lse.data();
+  posenc::attention<P>(at(q), at(k), at(v), at(out), e2, opt);
+  std::vector<float> dq1(n), dk1(n), dv1(n), dq2(n), dk2(n), dv2(n);
+  auto g1 = posenc::make_gradients(e1);
+  auto g2 = posenc::make_gradients(e2);
+  posenc::attention_backward<P>(at(q), at(k), at(v), at(out), at(dout), at(dq1), at(dk1), at(dv1), e1, opt, g1);
+  posenc::attention_backward<P>(at(q), at(k), at(v), at(out), at(dout), at(dq2), at(dk2), at(dv2), e2, opt, g2);
+  return float_mismatches(dq1, dq2) + float_mismatches(dk1, dk2) + float_mismatches(dv1, dv2) +
+         table_mismatches(g1, g2);
+}
+
+/// multi_head_attention<E1> and <E2> (same weights, model_dim = heads * d):
+/// the elements of y (forward), dx and every weight, bias and table gradient
+/// (backward) whose bits differ.
+template <class E1, class E2>
+std::size_t module_mismatches(E1 const& e1, E2 const& e2, index_t heads, index_t d) {
+  index_t const B = 2, S = 13, m = heads * d;
+  posenc::mha_config cfg;
+  cfg.model_dim = m;
+  cfg.q_heads = heads;
+  posenc::multi_head_attention<E1> l1(cfg, e1);
+  posenc::multi_head_attention<E2> l2(cfg, e2);
+  std::vector<std::vector<float>> w;
+  for (std::uint64_t i = 0; i < 4; ++i) w.push_back(posenc_test::random_vector<float>(static_cast<std::size_t>(m * m), 30 + i, -0.5, 0.5));
+  l1.load(w[0].data(), w[1].data(), w[2].data(), w[3].data());
+  l2.load(w[0].data(), w[1].data(), w[2].data(), w[3].data());
+  std::size_t const n = static_cast<std::size_t>(B * S * m);
+  std::vector<float> x = posenc_test::random_vector<float>(n, 40), dy = posenc_test::random_vector<float>(n, 41);
+  std::vector<float> y1(n), y2(n), dx1(n), dx2(n);
+  auto at = [&](std::vector<float>& t) { return posenc::make_bsd(t.data(), B, S, m); };
+  posenc::attention_options<float> opt;
+  opt.causal = true;
+  opt.threads = 1;
+  typename posenc::multi_head_attention<E1>::saved s1;
+  typename posenc::multi_head_attention<E2>::saved s2;
+  l1.forward(at(x), at(y1), opt, s1);
+  l2.forward(at(x), at(y2), opt, s2);
+  auto g1 = l1.make_gradients();
+  auto g2 = l2.make_gradients();
+  l1.backward(at(x), at(dy), at(dx1), s1, g1, opt);
+  l2.backward(at(x), at(dy), at(dx2), s2, g2, opt);
+  return float_mismatches(y1, y2) + float_mismatches(dx1, dx2) + float_mismatches(g1.w_q, g2.w_q) +
+         float_mismatches(g1.w_k, g2.w_k) + float_mismatches(g1.w_v, g2.w_v) + float_mismatches(g1.w_o, g2.w_o) +
+         float_mismatches(g1.b_q, g2.b_q) + float_mismatches(g1.b_o, g2.b_o) + table_mismatches(g1.encoder, g2.encoder);
+}
+
+/// backward_mismatches on the fused and reference paths, and module_mismatches.
+template <class E1, class E2>
+void check_gradients(E1 const& e1, E2 const& e2, index_t heads, index_t d) {
+  CHECK(backward_mismatches<posenc::path::fused>(e1, e2, heads, d) == 0);
+  CHECK(backward_mismatches<posenc::path::reference>(e1, e2, heads, d) == 0);
+  CHECK(module_mismatches(e1, e2, heads, d) == 0);
+}
+
 }  // namespace
 
 static_assert(std::is_same_v<posenc::t5_bias<Eigen::half>::compute_type, float>);
@@ -151,6 +262,7 @@ TEMPLATE_TEST_CASE("t5_bias 16-bit: the table rounded once, then exactly the flo
   CHECK(bias_row_mismatches(hd16, fw, heads) == 0);
   CHECK(attention_mismatches<posenc::path::fused, S>(h, fw, heads, 16) == 0);
   CHECK(attention_mismatches<posenc::path::reference, S>(h, fw, heads, 16) == 0);
+  check_gradients(h, fw, heads, 16);
 }
 
 TEMPLATE_TEST_CASE("clipped_bias 16-bit: the table rounded once, then exactly the float encoder of the widened table",
@@ -179,6 +291,7 @@ TEMPLATE_TEST_CASE("clipped_bias 16-bit: the table rounded once, then exactly th
     CHECK(bad_seed == 0);
     CHECK(attention_mismatches<posenc::path::fused, S>(h, fw, heads, 16) == 0);
     CHECK(attention_mismatches<posenc::path::reference, S>(h, fw, heads, 16) == 0);
+    check_gradients(h, fw, heads, 16);
   }
 }
 
@@ -227,5 +340,6 @@ TEMPLATE_TEST_CASE("shaw 16-bit: the tables rounded once, then exactly the float
     CHECK(bad_seed == 0);
     CHECK(attention_mismatches<posenc::path::fused, S>(h, fw, 2, d) == 0);
     CHECK(attention_mismatches<posenc::path::reference, S>(h, fw, 2, d) == 0);
+    check_gradients(h, fw, 2, d);
   }
 }

@@ -241,23 +241,23 @@ class shaw {
                     has_values() ? " (2 * max_distance + 1, head_dim)" : " (no value embeddings)");
   }
 
+  // The backward hooks use the SIMD helpers of the forward ones (explicit
+  // fused multiply-adds in a fixed order): a loop left to the compiler may be
+  // contracted differently in the instantiations for a float and a 16-bit
+  // table, and 16-bit tables must give the float encoder's gradients bit for bit.
+
   /// Hook, the transpose of score_row: for j in [0, count), with r the row of
   /// key k_pos_first + j and ds = scale * dscore[j]: dq[0..head_dim) += ds * aK[r]
   /// and g.key.row(r) += ds * q. Unchecked.
   void score_row_backward(compute_type const* q, index_t q_pos, index_t k_pos_first, index_t count,
                           compute_type scale, compute_type const* dscore, compute_type* dq,
                           gradients& g) const noexcept {
-    using C = compute_type;
     index_t const d0 = k_pos_first - q_pos;
     for (index_t j = 0; j < count; ++j) {
       index_t const r = detail::rel::clip_distance(d0 + j, k_) + k_;
-      C const ds = scale * dscore[j];
-      T const* ak = ak_.data() + r * head_dim_;
-      C* gk = g.key.data() + r * head_dim_;  // row-major
-      for (index_t c = 0; c < head_dim_; ++c) {
-        dq[c] += ds * detail::stored_value<C>(ak[c]);
-        gk[c] += ds * q[c];
-      }
+      compute_type const ds = scale * dscore[j];
+      detail::rel::add_scaled(dq, ds, ak_.data() + r * head_dim_, head_dim_);
+      detail::rel::add_scaled(g.key.data() + r * head_dim_, ds, q, head_dim_);  // row-major
     }
   }
 
@@ -266,19 +266,12 @@ class shaw {
   /// Does nothing without value embeddings. Unchecked.
   void value_row_backward(compute_type const* p, compute_type const* dout, index_t q_pos, index_t k_pos_first,
                           index_t count, compute_type* dp, gradients& g) const noexcept {
-    using C = compute_type;
     if (av_.empty()) return;
     index_t const d0 = k_pos_first - q_pos;
     for (index_t j = 0; j < count; ++j) {
       index_t const r = detail::rel::clip_distance(d0 + j, k_) + k_;
-      T const* av = av_.data() + r * head_dim_;
-      C* gv = g.value.data() + r * head_dim_;
-      C acc = C(0);
-      for (index_t c = 0; c < head_dim_; ++c) {
-        acc += dout[c] * detail::stored_value<C>(av[c]);
-        gv[c] += p[j] * dout[c];
-      }
-      dp[j] += acc;
+      dp[j] += detail::rel::dot(dout, av_.data() + r * head_dim_, head_dim_);
+      detail::rel::add_scaled(g.value.data() + r * head_dim_, p[j], dout, head_dim_);
     }
   }
 
