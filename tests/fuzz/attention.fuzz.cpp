@@ -289,16 +289,51 @@ void check(config const& c, E const& enc) {
   outputs tmp;
   if (!run<posenc::path::reference>(c, enc, tmp, true, scores.data()))
     finding("the reference rejects the finite copy of valid inputs");
-  // The error floor of the tolerance rule: every float path rounds each logit
-  // s at least once (relative eps = 2^-24). To first order that moves a
-  // log-sum-exp by up to eps max |s| (the bound allows two roundings) and an
-  // output, sum_j p_j (v_j - out) ds_j, by up to eps max |s| 2 max |v|.
-  double max_logit = 0, max_value = 0;
+  // The error floor of the tolerance rule, to first order in eps = 2^-24:
+  // - every float path rounds each logit s at least once, which moves a
+  //   log-sum-exp by up to eps max |s| (the bound allows two roundings) and an
+  //   output, sum_j p_j (v_j - out) ds_j, by up to eps max |s| 2 max |v|;
+  // - every float path sums the raw score q . k in float, in its own order:
+  //   an error of up to D eps |q| |k| (|q_d k_d| summed, bounded by the norms,
+  //   which a rotation keeps), times the scale, passed on by a softcap c as
+  //   sech^2(r / c) at the raw score r. Where q . k cancels, this is far above
+  //   eps |s|, and the paths' orders give errors of that size, not of the
+  //   plain implementation's.
+  double max_logit = 0, max_value = 0, max_dot = 0;
   for (float s : scores)
     if (std::isfinite(s)) max_logit = std::max(max_logit, std::abs(static_cast<double>(s)));
+  {
+    std::vector<float> raw(scores.size());
+    bool const capped = c.opt.softcap > 0;
+    if (capped && !run<posenc::path::reference>(c, enc, tmp, true, raw.data(), posenc::score_stage::raw))
+      finding("the reference rejects the finite copy of valid inputs");
+    double const scale = c.opt.scale ? std::abs(static_cast<double>(*c.opt.scale)) : 1.0 / std::sqrt(double(c.D));
+    double const gamma = double(c.D) * (std::numeric_limits<float>::epsilon() / 2);
+    auto norm = [&](posenc::view<const float> const& x, index_t b, index_t t, index_t h) {
+      double n = 0;
+      for (index_t d = 0; d < c.D; ++d) n += double(x(b, t, h, d)) * double(x(b, t, h, d));
+      return std::sqrt(n);
+    };
+    index_t const group = c.Hq / c.Hkv;
+    for (index_t b = 0; b < c.B; ++b)
+      for (index_t h = 0; h < c.Hq; ++h)
+        for (index_t i = 0; i < c.Sq; ++i) {
+          double const nq = norm(c.qcv, b, i, h);
+          for (index_t j = 0; j < c.Sk; ++j) {
+            auto const at = static_cast<std::size_t>(((b * c.Hq + h) * c.Sq + i) * c.Sk + j);
+            if (!std::isfinite(scores[at])) continue;
+            double e = scale * gamma * nq * norm(c.kcv, b, j, h / group);
+            if (capped) {
+              double const ch = std::cosh(double(raw[at]) / c.opt.softcap);
+              e = std::isfinite(ch) ? e / (ch * ch) : 0.0;
+            }
+            max_dot = std::max(max_dot, e);
+          }
+        }
+  }
   for (float x : c.vc) max_value = std::max(max_value, std::abs(static_cast<double>(x)));
   double const eps = std::numeric_limits<float>::epsilon() / 2;
-  double const lse_floor = 2 * eps * max_logit, out_floor = lse_floor * max_value;
+  double const lse_floor = 2 * eps * max_logit + max_dot, out_floor = (2 * eps * max_logit + 2 * max_dot) * max_value;
   if (!c.finite_inputs) {
     probs.resize(scores.size());
     if (!run<posenc::path::reference>(c, enc, tmp, true, probs.data(), posenc::score_stage::probabilities))
