@@ -22,11 +22,10 @@ san="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-poin
 # Tests only (the examples, the ISA builds and the header-alone compiles run in the Release
 # build), with line tables (-g1) instead of full debug information: enough for the
 # sanitizers' stack traces, and a faster build. Built with clang (OpenMP from libomp): with
-# UBSan, g++ 12 spends about twice clang's time on the same test (docs/testing.md). At -O0
-# the tests build about five times faster than at -O1 and run longer, by less than the
-# build saves, except the run-heavy programs (POSENC_RUN_HEAVY_FLAGS, tests/CMakeLists.txt),
-# which get -O1.
-# g++ builds the Release stage.
+# UBSan, g++ 12 spends about twice clang's time on the same test (docs/testing.md); g++
+# builds the Release stage. At -O0 the tests build about five times faster than at -O1 and
+# run longer by less than the build saves, except the run-heavy programs, which get -O1
+# (POSENC_RUN_HEAVY_FLAGS, tests/CMakeLists.txt).
 cmake -S . -B build/asan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_COMPILER=clang++-14 \
   -DPOSENC_BUILD_TESTS=ON -DPOSENC_BUILD_BENCH=OFF \
   -DPOSENC_BUILD_EXAMPLES=OFF -DPOSENC_PACKAGING_TESTS=OFF -DPOSENC_ISA_TESTS=OFF -DPOSENC_HEADER_TESTS=OFF \
