@@ -5,6 +5,7 @@
 // for p.v (full: Sq * Sk pairs; causal: Sk (Sk + 1) / 2 when Sq == Sk).
 #include <posenc/attention/attention.hpp>
 #include <posenc/attention/fused.hpp>
+#include <posenc/attention/kv_cache.hpp>
 #include <posenc/core/half.hpp>
 #include <posenc/encoding/alibi.hpp>
 #include <posenc/encoding/none.hpp>
@@ -229,10 +230,37 @@ void half_prefill_bench(benchmark::State& state, config c) {
   state.counters["threads"] = c.threads;
 }
 
+/// The timing loop of a decode case: every call of `decode` is followed by a
+/// read of its K and V bytes (kb and vb, n floats each, on the same threads),
+/// each after an eviction pass, as the float decode case does: x_stream =
+/// decode time / read time.
+template <class Decode>
+void decode_stream_loop(benchmark::State& state, Decode const& decode, float const* kb, float const* vb,
+                        std::int64_t n, int threads) {
+  auto& evict = posenc_bench::persistent_buffer<float>("attention/evict", index_t{64} << 20, 1.0f);
+  decode();  // warm-up, untimed
+  double attn_s = 0, read_s = 0;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(evict_caches(evict));
+    auto const t0 = std::chrono::steady_clock::now();
+    decode();
+    benchmark::ClobberMemory();
+    auto const t1 = std::chrono::steady_clock::now();
+    benchmark::DoNotOptimize(evict_caches(evict));
+    auto const t1r = std::chrono::steady_clock::now();
+    benchmark::DoNotOptimize(read_once(kb, vb, n, threads));
+    auto const t2 = std::chrono::steady_clock::now();
+    attn_s += std::chrono::duration<double>(t1 - t0).count();
+    read_s += std::chrono::duration<double>(t2 - t1r).count();
+    state.SetIterationTime(std::chrono::duration<double>(t1 - t0).count());
+  }
+  state.counters["x_stream"] = read_s > 0 ? attn_s / read_s : 0.0;
+  state.counters["threads"] = threads;
+}
+
 /// Decode (1 query x Sk keys, causal) with K and V stored in the 16-bit type
-/// S; every call is followed by a read of the same 16-bit K and V bytes (as
-/// floats, half as many) on the same threads, each after an eviction pass, as
-/// the float decode case does: x_stream = decode time / read time.
+/// S, token-major views (make_bshd); x_stream against the read of the same
+/// 16-bit K and V bytes (as floats, half as many).
 template <class S>
 void half_decode_bench(benchmark::State& state, config c) {
   auto& q = random_floats("attention/q", static_cast<std::size_t>(c.Sq * c.Hq * c.D), 1);
@@ -248,31 +276,53 @@ void half_decode_bench(benchmark::State& state, config c) {
   posenc::attention_options<float> opt;
   opt.causal = c.causal;
   opt.threads = c.threads;
-  auto& evict = posenc_bench::persistent_buffer<float>("attention/evict", index_t{64} << 20, 1.0f);
-  posenc::attention<posenc::path::fused>(qv, kv, vv, ov, posenc::none{}, opt);  // warm-up, untimed
   // The same bytes as floats: 2 x Sk x Hkv x D 16-bit values are Sk x Hkv x D floats.
-  auto const* kb = reinterpret_cast<float const*>(k.data());
-  auto const* vb = reinterpret_cast<float const*>(v.data());
-  std::int64_t const n = static_cast<std::int64_t>(k.size()) / 2;
-  double attn_s = 0, read_s = 0;
-  for (auto _ : state) {
-    benchmark::DoNotOptimize(evict_caches(evict));
-    auto const t0 = std::chrono::steady_clock::now();
-    posenc::attention<posenc::path::fused>(qv, kv, vv, ov, posenc::none{}, opt);
-    benchmark::DoNotOptimize(out.data());
-    benchmark::ClobberMemory();
-    auto const t1 = std::chrono::steady_clock::now();
-    benchmark::DoNotOptimize(evict_caches(evict));
-    auto const t1r = std::chrono::steady_clock::now();
-    benchmark::DoNotOptimize(read_once(kb, vb, n, c.threads));
-    auto const t2 = std::chrono::steady_clock::now();
-    attn_s += std::chrono::duration<double>(t1 - t0).count();
-    read_s += std::chrono::duration<double>(t2 - t1r).count();
-    state.SetIterationTime(std::chrono::duration<double>(t1 - t0).count());
-  }
-  state.counters["x_stream"] = read_s > 0 ? attn_s / read_s : 0.0;
-  state.counters["threads"] = c.threads;
+  decode_stream_loop(
+      state,
+      [&] {
+        posenc::attention<posenc::path::fused>(qv, kv, vv, ov, posenc::none{}, opt);
+        benchmark::DoNotOptimize(out.data());
+      },
+      reinterpret_cast<float const*>(k.data()), reinterpret_cast<float const*>(v.data()),
+      static_cast<std::int64_t>(k.size()) / 2, c.threads);
   state.SetBytesProcessed(state.iterations() * 2 * c.Sk * c.Hkv * c.D * static_cast<std::int64_t>(sizeof(S)));
+}
+
+/// Decode (1 query x Sk keys, causal) through a posenc::kv_cache<S> (S float
+/// or a 16-bit type) holding exactly Sk tokens, as a model decodes: the
+/// cache's storage is head-major; x_stream against the read of the cache's
+/// own K and V bytes.
+template <class S>
+void cache_decode_bench(benchmark::State& state, config c) {
+  auto& q = random_floats("attention/q", static_cast<std::size_t>(c.Sq * c.Hq * c.D), 1);
+  auto& k32 = random_floats("attention/k", static_cast<std::size_t>(c.Sk * c.Hkv * c.D), 2);
+  auto& v32 = random_floats("attention/v", static_cast<std::size_t>(c.Sk * c.Hkv * c.D), 3);
+  auto& out = posenc_bench::persistent_buffer<float>("attention/out", c.Sq * c.Hq * c.D, 0.0f);
+  // Built once per shape for the whole program, as the inputs are.
+  static std::map<std::string, std::unique_ptr<posenc::kv_cache<S>>> made;
+  auto& slot = made[std::to_string(c.Sk) + "x" + std::to_string(c.Hkv) + "x" + std::to_string(c.D)];
+  if (!slot) {
+    slot = std::make_unique<posenc::kv_cache<S>>(1, c.Hkv, c.D);
+    slot->reserve(c.Sk);  // capacity Sk: the storage is the K and V bytes, nothing more
+    slot->append(posenc::make_bshd<const float>(k32.data(), 1, c.Sk, c.Hkv, c.D),
+                 posenc::make_bshd<const float>(v32.data(), 1, c.Sk, c.Hkv, c.D), posenc::none{});
+  }
+  posenc::kv_cache<S> const& cache = *slot;
+  auto qv = posenc::make_bshd<const float>(q.data(), 1, c.Sq, c.Hq, c.D);
+  auto ov = posenc::make_bshd(out.data(), 1, c.Sq, c.Hq, c.D);
+  posenc::attention_options<float> opt;
+  opt.causal = c.causal;
+  opt.threads = c.threads;
+  std::int64_t const bytes = c.Sk * c.Hkv * c.D * static_cast<std::int64_t>(sizeof(S));  // of K, and of V
+  decode_stream_loop(
+      state,
+      [&] {
+        posenc::attention<posenc::path::fused>(qv, cache, ov, posenc::none{}, opt);
+        benchmark::DoNotOptimize(out.data());
+      },
+      reinterpret_cast<float const*>(cache.keys().data), reinterpret_cast<float const*>(cache.values().data),
+      bytes / 4, c.threads);
+  state.SetBytesProcessed(state.iterations() * 2 * bytes);
 }
 
 /// Reads `bytes` of float once (vector sum): the time to stream K and V.
@@ -372,6 +422,20 @@ int main(int argc, char** argv) {
         ->Unit(benchmark::kMillisecond)->MinTime(0.3)->UseManualTime();
     benchmark::RegisterBenchmark(name_of("fused_kv_bf16", c).c_str(),
                                  [c](benchmark::State& s) { half_decode_bench<Eigen::bfloat16>(s, c); })
+        ->Unit(benchmark::kMillisecond)->MinTime(0.3)->UseManualTime();
+  }
+  // Decode through a kv_cache (head-major storage) of float, binary16 and
+  // bfloat16, each against the read of its own K and V (x_stream).
+  for (config const c : {config{1, 4096, 8, 8, 128, true, 1}, config{1, 4096, 8, 8, 128, true, 2},
+                         config{1, 4096, 32, 8, 128, true, 1}}) {
+    benchmark::RegisterBenchmark(name_of("fused_cache", c).c_str(),
+                                 [c](benchmark::State& s) { cache_decode_bench<float>(s, c); })
+        ->Unit(benchmark::kMillisecond)->MinTime(0.3)->UseManualTime();
+    benchmark::RegisterBenchmark(name_of("fused_cache_f16", c).c_str(),
+                                 [c](benchmark::State& s) { cache_decode_bench<Eigen::half>(s, c); })
+        ->Unit(benchmark::kMillisecond)->MinTime(0.3)->UseManualTime();
+    benchmark::RegisterBenchmark(name_of("fused_cache_bf16", c).c_str(),
+                                 [c](benchmark::State& s) { cache_decode_bench<Eigen::bfloat16>(s, c); })
         ->Unit(benchmark::kMillisecond)->MinTime(0.3)->UseManualTime();
   }
   // Prefill with K and V stored in 16 bits, beside the float fused rows of the same shape.

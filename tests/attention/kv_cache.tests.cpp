@@ -43,6 +43,36 @@ TEST_CASE("kv_cache: appended tokens are stored in order, across growth", "[kv_c
   CHECK(cache.length() == 0);
 }
 
+TEST_CASE("kv_cache: storage is head-major, each kv head's tokens one after another, across growth", "[kv_cache]") {
+  index_t const B = 2, H = 3, D = 4, Dv = 6;
+  posenc::kv_cache<float> cache(B, H, D, Dv);
+  std::vector<float> all_k;  // every appended key, (token, b, h, d) in append order
+  index_t total = 0;
+  for (index_t n : {1, 2, 5}) {
+    auto k = posenc_test::random_vector<float>(static_cast<std::size_t>(B * n * H * D), 30 + total);
+    auto v = posenc_test::random_vector<float>(static_cast<std::size_t>(B * n * H * Dv), 40 + total);
+    cache.append(posenc::make_bshd<const float>(k.data(), B, n, H, D),
+                 posenc::make_bshd<const float>(v.data(), B, n, H, Dv), posenc::none{});
+    total += n;
+    posenc::view<const float> const kv = cache.keys(), vv = cache.values();
+    // Token after token of one head, heads of one sequence one after another.
+    CHECK(kv.dim_stride == 1);
+    CHECK(kv.seq_stride == D);
+    CHECK(vv.seq_stride == Dv);
+    CHECK(kv.head_stride >= total * D);
+    CHECK(vv.head_stride >= total * Dv);
+    CHECK(kv.batch_stride == H * kv.head_stride);
+    CHECK(vv.batch_stride == H * vv.head_stride);
+    // The last appended token of every (b, h) sits right after the one before it.
+    for (index_t b = 0; b < B; ++b)
+      for (index_t h = 0; h < H; ++h) {
+        CHECK(kv.ptr(b, total - 1, h) == kv.ptr(b, 0, h) + (total - 1) * D);
+        for (index_t t = 0; t < D; ++t)
+          CHECK(kv(b, total - 1, h, t) == k[static_cast<std::size_t>(((b * n + n - 1) * H + h) * D + t)]);
+      }
+  }
+}
+
 TEST_CASE("kv_cache: keys are rotated at their positions on append", "[kv_cache]") {
   index_t const B = 1, H = 2, D = 8, n = 5;
   posenc::rope<double> rope(posenc::rope_layout::half_split, D);

@@ -38,7 +38,12 @@ inline index_t kv_grown_capacity(index_t cap, index_t tokens, index_t batch, ind
 /// (`keys_rotated()`); `posenc::attention(q, cache, out, enc, opt)` reads the
 /// keys, values, their positions and that record from the cache.
 ///
-/// Storage: (batch, capacity, kv_heads, dim), grown geometrically.
+/// Storage: head-major, (batch, kv_heads, capacity, dim), grown
+/// geometrically: the keys of one kv head lie one after another, so that a
+/// decode step reads each head's keys and values as plain runs through memory
+/// (the fused path walks head-major K and V head by head; docs/performance.md).
+/// keys() and values() are strided views of it, indexed (batch, token, head, dim)
+/// as every view is.
 /// @tparam T float or double, or a 16-bit storage type (Eigen::half,
 ///         Eigen::bfloat16): append() then takes float k and v, rotates the
 ///         keys in float when the encoder rotates and rounds each element
@@ -196,24 +201,23 @@ class kv_cache {
     index_t const cap = grown_capacity(w, tokens);
     std::vector<T> nk(static_cast<std::size_t>(batch_ * cap * heads_ * dim_));
     std::vector<T> nv(static_cast<std::size_t>(batch_ * cap * heads_ * vdim_));
-    for (index_t b = 0; b < batch_; ++b) {
-      std::copy_n(keys_.begin() + b * cap_ * heads_ * dim_, len_ * heads_ * dim_,
-                  nk.begin() + b * cap * heads_ * dim_);
-      std::copy_n(values_.begin() + b * cap_ * heads_ * vdim_, len_ * heads_ * vdim_,
-                  nv.begin() + b * cap * heads_ * vdim_);
+    for (index_t bh = 0; bh < batch_ * heads_; ++bh) {  // each (sequence, kv head): its len_ tokens
+      std::copy_n(keys_.begin() + bh * cap_ * dim_, len_ * dim_, nk.begin() + bh * cap * dim_);
+      std::copy_n(values_.begin() + bh * cap_ * vdim_, len_ * vdim_, nv.begin() + bh * cap * vdim_);
     }
     keys_.swap(nk);
     values_.swap(nv);
     cap_ = cap;
   }
 
+  // (batch, token, head, dim) over the head-major storage.
   view<T> storage(T* data, index_t d) noexcept {
-    return {data, batch_, len_, heads_, d, cap_ * heads_ * d, heads_ * d, d, 1};
+    return {data, batch_, len_, heads_, d, heads_ * cap_ * d, d, cap_ * d, 1};
   }
   view<T> key_storage() noexcept { return storage(keys_.data(), dim_); }
   view<T> value_storage() noexcept { return storage(values_.data(), vdim_); }
   view<const T> const_view(T const* data, index_t d) const noexcept {
-    return {data, batch_, len_, heads_, d, cap_ * heads_ * d, heads_ * d, d, 1};
+    return {data, batch_, len_, heads_, d, heads_ * cap_ * d, d, cap_ * d, 1};
   }
 
   index_t batch_, heads_, dim_, vdim_, first_;

@@ -3,12 +3,15 @@
 #pragma once
 
 // What this room holds: how the row kernel's work is cut into items and put
-// back together. On the decode path (no Shaw terms) an item is (batch entry,
-// key chunk) and walks every kv head tile by tile, so the cache is read once,
-// in memory order. With Shaw terms an item is (b, kv head, row group, key
-// chunk). When keys are split into chunks (few items, several threads), each
-// chunk leaves a partial (max, sum, output) per row, and `merge_partials`
-// combines them by the log-sum-exp rule (docs/formulas.md 5.5).
+// back together. On the decode path (no Shaw terms, K and V token-major) an
+// item is (batch entry, key chunk) and walks every kv head step by step, so
+// the cache is read once, as one front through memory. With Shaw terms, or
+// K and V head-major (each kv head's keys one after another, as kv_cache
+// stores them), an item is (b, kv head, row group, key chunk) and reads its
+// head's keys and values as plain runs. When keys are split into chunks (few
+// items, several threads), each chunk leaves a partial (max, sum, output) per
+// row, and `merge_partials` combines them by the log-sum-exp rule
+// (docs/formulas.md 5.5).
 // May include: the fused/ rooms above it, attention/plan.hpp, core/.
 
 #include <algorithm>
@@ -44,16 +47,11 @@ namespace posenc::detail::fused {
 /// of the next step's K and V rows (of every kv head the units cover, in
 /// memory order).
 /// Measured (docs/performance.md): 0.6x to 0.85x the time of the whole-tile
-/// walk. `decode_step_v<Tr, KV, E>` is the step; a walk over gathered pages
-/// takes the same steps, so that both give the same bits. Encoders with
-/// Shaw-like terms (relative_key_value) never reach the contiguous decode:
-/// the row kernel walks them whole tiles at a time (row_item_tiles), and so
-/// does every paged walk of them, whatever KV is.
-template <class Tr, class KV, class E>
-inline constexpr index_t decode_step_v =
-    std::is_same_v<KV, typename Tr::value_type> || encoder_traits<E>::relative_key_value ? Tr::block_kv_v
-                                                                                       : Tr::half_decode_step_v;
-
+/// walk. `decode_step_v<Tr, KV, E>` (fused/row_kernel.hpp) is the step; a
+/// walk over gathered pages takes the same steps, so that both give the same
+/// bits. Encoders with Shaw-like terms (relative_key_value) never reach the
+/// contiguous decode: the row kernel walks them whole tiles at a time
+/// (row_item_tiles), and so does every paged walk of them, whatever KV is.
 template <class Tr, bool Guard, class T, class KV, class E, class RowsOf, class StateOf>
 void decode_steps(attention_plan<T> const& p, view<const KV> k, view<const KV> v, E const& enc, index_t b,
                   index_t first, index_t last, index_t u0, index_t u1, index_t groups, rotation_ids const* rot,
@@ -159,56 +157,72 @@ void finish_row(attention_plan<T> const& p, view<O> out, index_t b, index_t h, i
   p.set_lse(b, h, i, normalize_row(out.ptr(b, i, h), p.value_dim, o, 1, m, l));
 }
 
-/// The row kernel over a validated plan: decode items (no Shaw terms) or
-/// per-head row items, split over key chunks when that keeps the threads
-/// busy, then merged. K and V are stored as KV (T, or a 16-bit type widened
-/// in registers as loaded).
+/// K and V are head-major: the keys of one kv head lie closer together than
+/// the kv heads of one key (make_bhsd, kv_cache's storage).
+template <class KV>
+bool head_major(view<const KV> k, view<const KV> v) noexcept {
+  return k.seq_stride < k.head_stride && v.seq_stride < v.head_stride;
+}
+
+/// The row kernel over a validated plan: decode items (no Shaw terms, K and V
+/// token-major) or per-head row items, split over key chunks when that keeps
+/// the threads busy, then merged. K and V are stored as KV (T, or a 16-bit
+/// type widened in registers as loaded).
+///
+/// Head-major K and V take the per-head row items whatever the encoder: each
+/// (b, kv head) then reads its own keys and values as two plain runs through
+/// memory, which the hardware prefetchers follow better than the decode
+/// walk's front across every head of a token (docs/performance.md, "Decode
+/// through a kv_cache").
 template <class Tr, class T, class Q, class KV, class O, class E>
 void run_row_kernel(attention_plan<T> const& p, view<const Q> q, view<const KV> k, view<const KV> v, view<O> out,
                     E const& enc, rotation_ids const* rot) {
   constexpr index_t rg_v = Tr::row_group_v;
-  constexpr bool decode_v = !encoder_traits<E>::relative_key_value;
+  constexpr bool decode_walk_v = !encoder_traits<E>::relative_key_value;  // the decode walk can serve E
+  bool const decode = decode_walk_v && !head_major(k, v);
   index_t const kv_heads = p.kv_heads, group = p.group, rows = p.q_len * group, value_dim = p.value_dim;
   int const threads = loop_threads(p.threads);
   index_t const groups = (rows + rg_v - 1) / rg_v;
   index_t const items = p.batch * kv_heads * groups;  // (b, hk, group): the states' layout
-  index_t const work = decode_v ? p.batch : items;     // units split into key chunks
+  index_t const work = decode ? p.batch : items;      // units split into key chunks
   key_split const split = split_keys<Tr>(p.k_len, work, threads);
   index_t const chunks = split.chunks;
-  index_t const query_rows = decode_v ? kv_heads * groups * rg_v : rg_v;
+  index_t const query_rows = decode ? kv_heads * groups * rg_v : rg_v;
   index_t const per_thread = scratch_elements<row_scratch<Tr>>(p.head_dim, query_rows);
   auto scratch = aligned_buffer<T>::uninitialized(per_thread * threads);
   // Partial states (m, l, o) of every (item, chunk) when split or decoding;
   // otherwise one item per thread.
-  bool const all_states = chunks > 1 || decode_v;
+  bool const all_states = chunks > 1 || decode;
   index_t const state_rows = rg_v * (all_states ? items * chunks : threads);
   auto states = aligned_buffer<T>::uninitialized(state_rows * (value_dim + 2));
   T* const ms = states.data();
   T* const ls = ms + state_rows;
   T* const os = ls + state_rows;
-  std::vector<row_rows<Tr>> rrs(static_cast<std::size_t>(decode_v ? kv_heads * groups * threads : 0));
+  std::vector<row_rows<Tr>> rrs(static_cast<std::size_t>(decode ? kv_heads * groups * threads : 0));
   parallel_for(work * chunks, threads, [&](index_t it) {
     index_t const u = it / chunks, ch = it % chunks;
     int const tid = std::min(thread_index(), threads - 1);
     auto const sc = carve_scratch<row_scratch<Tr>>(scratch.data() + tid * per_thread, per_thread, p.head_dim,
                                                    query_rows);
     index_t const j0 = ch * split.chunk_len, j1 = std::min(p.k_len, j0 + split.chunk_len);
-    if constexpr (decode_v) {
-      index_t const b = u;
-      auto state_of = [&](index_t hk, index_t grp) {
-        index_t const slot = (((b * kv_heads + hk) * groups + grp) * chunks + ch) * rg_v;
-        return row_state<T>{ms + slot, ls + slot, os + slot * value_dim};
-      };
-      row_rows<Tr>* const rr = rrs.data() + tid * kv_heads * groups;
-      guarded_rerun([&](auto guard) {
-                      decode_item<Tr, decltype(guard)::value>(p, q, k, v, enc, b, j0, j1, rot, sc, rr, state_of);
-                    },
-                    [&] {
-                      bool finite = true;
-                      for (index_t u2 = 0; u2 < kv_heads * groups && finite; ++u2)
-                        finite = row_outputs_finite(state_of(u2 / groups, u2 % groups), rr[u2].n, value_dim);
-                      return finite;
-                    });
+    if (decode) {
+      if constexpr (decode_walk_v) {
+        index_t const b = u;
+        auto state_of = [&](index_t hk, index_t grp) {
+          index_t const slot = (((b * kv_heads + hk) * groups + grp) * chunks + ch) * rg_v;
+          return row_state<T>{ms + slot, ls + slot, os + slot * value_dim};
+        };
+        row_rows<Tr>* const rr = rrs.data() + tid * kv_heads * groups;
+        guarded_rerun([&](auto guard) {
+                        decode_item<Tr, decltype(guard)::value>(p, q, k, v, enc, b, j0, j1, rot, sc, rr, state_of);
+                      },
+                      [&] {
+                        bool finite = true;
+                        for (index_t u2 = 0; u2 < kv_heads * groups && finite; ++u2)
+                          finite = row_outputs_finite(state_of(u2 / groups, u2 % groups), rr[u2].n, value_dim);
+                        return finite;
+                      });
+      }
     } else {
       index_t const bh = u / groups, grp = u % groups;
       index_t const b = bh / kv_heads, hk = bh % kv_heads;

@@ -203,20 +203,33 @@ void guarded_rerun(Run const& run, Finite const& finite) noexcept {
   if (!finite()) run(std::true_type{});
 }
 
-/// Every key tile of rows [r0, r0 + ng) of (b, hk) over keys [j0, j1);
-/// `Guard` as in row_tile.
+/// Keys per step of a row walk (the decode walk, fused/decode.hpp, and a
+/// per-head walk, row_item_tiles): a whole key tile for a float cache and
+/// for Shaw terms; half_decode_step_v keys (one score block of 16) for a
+/// 16-bit cache, whose rows are half as long per head: smaller steps keep the
+/// reads of K and V spread among the arithmetic, where the hardware
+/// prefetchers keep up with them (docs/performance.md).
+template <class Tr, class KV, class E>
+inline constexpr index_t decode_step_v =
+    std::is_same_v<KV, typename Tr::value_type> || encoder_traits<E>::relative_key_value ? Tr::block_kv_v
+                                                                                       : Tr::half_decode_step_v;
+
+/// Every step (decode_step_v keys) of rows [r0, r0 + ng) of (b, hk) over
+/// keys [j0, j1), each fetching the next step's K and V rows; `Guard` as in
+/// row_tile. The steps are the decode walk's, laid from the first visible key:
+/// where the rows' keys start together, both walks give the same bits.
 template <class Tr, bool Guard, class T, class Q, class KV, class E>
 void row_item_tiles(attention_plan<T> const& p, view<const Q> q, view<const KV> k, view<const KV> v, E const& enc,
                     index_t b, index_t hk, index_t r0, index_t ng, index_t j0, index_t j1, rotation_ids const* rot,
                     row_scratch<Tr> const& sc, row_state<T> st) noexcept {
-  constexpr index_t bk_v = Tr::block_kv_v;
+  constexpr index_t bk_v = decode_step_v<Tr, KV, E>;
   row_rows<Tr> rr;
   row_begin<Tr>(p, q, enc, b, hk, r0, ng, j0, j1, rot, sc.qbuf, rr, st);
   for (index_t t0 = rr.first; t0 < rr.last; t0 += bk_v) {
     index_t const nk = std::min(bk_v, rr.last - t0);
     if (t0 + bk_v < rr.last) {
       // Rows of one head sit a token stride apart (often in different 4 KiB
-      // pages, where hardware prefetchers stop): fetch the next tile now.
+      // pages, where hardware prefetchers stop): fetch the next step now.
       index_t const nn = std::min(bk_v, rr.last - t0 - bk_v);
       prefetch_rows(k.ptr(b, t0 + bk_v, hk), k.seq_stride, nn, p.head_dim);
       prefetch_rows(v.ptr(b, t0 + bk_v, hk), v.seq_stride, nn, p.value_dim);
