@@ -45,7 +45,8 @@ namespace posenc::detail::fused {
 /// behind: the walk goes half_decode_step_v keys at a time (one score block
 /// of 16 keys), and while the units of one step run, each fetches its share
 /// of the next step's K and V rows (of every kv head the units cover, in
-/// memory order).
+/// memory order). Each unit fetching its own head's next rows among its
+/// loads, as the head-major walk does (row_tile's `ahead`), was slower here.
 /// Measured (docs/performance.md): 0.6x to 0.85x the time of the whole-tile
 /// walk. `decode_step_v<Tr, KV, E>` (fused/row_kernel.hpp) is the step; a
 /// walk over gathered pages takes the same steps, so that both give the same

@@ -54,6 +54,22 @@ constexpr int register_block(int per, int extra, index_t cap) noexcept {
   return 1;
 }
 
+/// Asks for the cache line at `at` (a software prefetch: never faults, never
+/// changes a result).
+template <class S>
+POSENC_ALWAYS_INLINE void fetch_line(S const* at) noexcept {
+#if defined(__GNUC__) || defined(__clang__)
+  __builtin_prefetch(at);
+#else
+  (void)at;
+#endif
+}
+
+/// Elements of S in a cache line: the row kernels fetch a row of the next
+/// step once per line they load of this step's row.
+template <class S>
+inline constexpr index_t line_elements_v = 64 / static_cast<index_t>(sizeof(S));
+
 // ---------------------------------------------------------------------------
 // Lane layout.
 
@@ -158,9 +174,13 @@ POSENC_ALWAYS_INLINE void value_micro(typename Tr::value_type const* v, index_t 
 /// the partial sums of width keys are then reduced together by one
 /// width x width transpose instead of a horizontal sum per key. K rows are
 /// of storage type KS (T, or a 16-bit type widened as loaded).
-template <class Tr, int NG, class KS>
+/// `Fetch`: row j + `ahead` elements (the same row of the next step) is
+/// fetched line by line as row j is loaded, so that the next step's reads
+/// are spread among this step's arithmetic.
+template <class Tr, int NG, bool Fetch = false, class KS>
 inline void row_scores(typename Tr::value_type const* const* qr, KS const* k, index_t ldk,
-                       index_t nk, index_t head_dim, typename Tr::value_type* const* s) noexcept {
+                       index_t nk, index_t head_dim, typename Tr::value_type* const* s,
+                       index_t ahead = 0) noexcept {
   using T = typename Tr::value_type;
   using B = typename Tr::batch;
   using A = typename Tr::arch;
@@ -180,6 +200,10 @@ inline void row_scores(typename Tr::value_type const* const* qr, KS const* k, in
       for (index_t d = 0; d < dim_w; d += w_v) {
         B kv[size_v<kj_v>];
         for (int t = 0; t < kj_v; ++t) kv[t] = load_stored<T, A>(kr[t] + d);
+        if constexpr (Fetch) {
+          if (d % line_elements_v<KS> == 0)
+            for (int t = 0; t < kj_v; ++t) fetch_line(kr[t] + d + ahead);
+        }
         for (int g = 0; g < NG; ++g) {
           B const qv = simd::load<T, A>(qr[g] + d);
           for (int t = 0; t < kj_v; ++t) acc[g][t] = simd::fma(qv, kv[t], acc[g][t]);
@@ -217,10 +241,12 @@ inline void row_scores(typename Tr::value_type const* const* qr, KS const* k, in
 /// cw_v * NG accumulators of a chunk stay in registers across the keys.
 /// `Guarded`: keys with p_g[j] = 0 add nothing, even when v_j is NaN or Inf.
 /// V rows are of storage type VS (T, or a 16-bit type widened as loaded).
-template <class Tr, int NG, bool Guarded = false, class VS>
+/// `Fetch`: the same row of the next step, `ahead` elements on, is fetched as
+/// in row_scores.
+template <class Tr, int NG, bool Guarded = false, bool Fetch = false, class VS>
 inline void row_values(typename Tr::value_type const* const* pr, typename Tr::value_type const* alpha,
                        VS const* v, index_t ldv, index_t nk, index_t value_dim,
-                       typename Tr::value_type* o) noexcept {
+                       typename Tr::value_type* o, index_t ahead = 0) noexcept {
   using T = typename Tr::value_type;
   using B = typename Tr::batch;
   using A = typename Tr::arch;
@@ -237,6 +263,9 @@ inline void row_values(typename Tr::value_type const* const* pr, typename Tr::va
       for (int g = 0; g < NG; ++g) pj[g] = B(pr[g][j]);
       for (int c = 0; c < C; ++c) {
         B const vv = load_stored<T, A>(vj + c * w_v);
+        if constexpr (Fetch) {
+          if ((d + c * w_v) % line_elements_v<VS> == 0) fetch_line(vj + c * w_v + ahead);
+        }
         for (int g = 0; g < NG; ++g) {
           if constexpr (Guarded)
             acc[g][c] = pr[g][j] != T(0) ? simd::fma(pj[g], vv, acc[g][c]) : acc[g][c];
@@ -276,9 +305,9 @@ struct listed_rows {
 /// the partial sums of width keys are then reduced together by one
 /// width x width transpose instead of a horizontal sum per key. K rows are
 /// of storage type KS (T, or a 16-bit type widened as loaded).
-template <class Tr, int NG, class KS, class Rows>
+template <class Tr, int NG, class KS, bool Fetch = false, class Rows>
 inline void row_scores_of(typename Tr::value_type const* const* qr, Rows const& krow, index_t nk, index_t head_dim,
-                          typename Tr::value_type* const* s) noexcept {
+                          typename Tr::value_type* const* s, Rows const* ahead = nullptr) noexcept {
   using T = typename Tr::value_type;
   using B = typename Tr::batch;
   using A = typename Tr::arch;
@@ -291,13 +320,20 @@ inline void row_scores_of(typename Tr::value_type const* const* qr, Rows const& 
     for (index_t jj = 0; jj < n; jj += kj_v) {
       B acc[size_v<NG>][size_v<kj_v>];
       KS const* kr[size_v<kj_v>];
+      KS const* kn[size_v<kj_v>];  // the same rows of the next step (with `ahead`)
       for (int t = 0; t < kj_v; ++t) {
-        kr[t] = krow(std::min(j0 + jj + t, nk - 1));  // past the tile: a repeat, discarded
+        index_t const j = std::min(j0 + jj + t, nk - 1);  // past the tile: a repeat, discarded
+        kr[t] = krow(j);
+        kn[t] = Fetch ? (*ahead)(j) : nullptr;
         for (int g = 0; g < NG; ++g) acc[g][t] = B(T(0));
       }
       for (index_t d = 0; d < dim_w; d += w_v) {
         B kv[size_v<kj_v>];
         for (int t = 0; t < kj_v; ++t) kv[t] = load_stored<T, A>(kr[t] + d);
+        if constexpr (Fetch) {
+          if (d % line_elements_v<KS> == 0)
+            for (int t = 0; t < kj_v; ++t) fetch_line(kn[t] + d);
+        }
         for (int g = 0; g < NG; ++g) {
           B const qv = simd::load<T, A>(qr[g] + d);
           for (int t = 0; t < kj_v; ++t) acc[g][t] = simd::fma(qv, kv[t], acc[g][t]);
@@ -336,9 +372,10 @@ inline void row_scores_of(typename Tr::value_type const* const* qr, Rows const& 
 /// cw_v * NG accumulators of a chunk stay in registers across the keys.
 /// `Guarded`: keys with p_g[j] = 0 add nothing, even when v_j is NaN or Inf.
 /// V rows are of storage type VS (T, or a 16-bit type widened as loaded).
-template <class Tr, int NG, bool Guarded, class VS, class Rows>
+template <class Tr, int NG, bool Guarded, class VS, bool Fetch = false, class Rows>
 inline void row_values_of(typename Tr::value_type const* const* pr, typename Tr::value_type const* alpha,
-                          Rows const& vrow, index_t nk, index_t value_dim, typename Tr::value_type* o) noexcept {
+                          Rows const& vrow, index_t nk, index_t value_dim, typename Tr::value_type* o,
+                          Rows const* ahead = nullptr) noexcept {
   using T = typename Tr::value_type;
   using B = typename Tr::batch;
   using A = typename Tr::arch;
@@ -351,10 +388,14 @@ inline void row_values_of(typename Tr::value_type const* const* pr, typename Tr:
       for (int c = 0; c < C; ++c) acc[g][c] = simd::load<T, A>(o + g * value_dim + d + c * w_v) * B(alpha[g]);
     for (index_t j = 0; j < nk; ++j) {
       VS const* vj = vrow(j) + d;
+      [[maybe_unused]] VS const* vn = Fetch ? (*ahead)(j) + d : nullptr;  // the same row of the next step
       B pj[size_v<NG>];
       for (int g = 0; g < NG; ++g) pj[g] = B(pr[g][j]);
       for (int c = 0; c < C; ++c) {
         B const vv = load_stored<T, A>(vj + c * w_v);
+        if constexpr (Fetch) {
+          if ((d + c * w_v) % line_elements_v<VS> == 0) fetch_line(vn + c * w_v);
+        }
         for (int g = 0; g < NG; ++g) {
           if constexpr (Guarded)
             acc[g][c] = pr[g][j] != T(0) ? simd::fma(pj[g], vv, acc[g][c]) : acc[g][c];
@@ -401,13 +442,8 @@ inline bool rows_finite(S const* x, index_t ld, index_t n, index_t len) noexcept
 /// Asks for the cache lines of n rows of `len` elements, `stride` apart.
 template <class T>
 inline void prefetch_rows(T const* p, index_t stride, index_t n, index_t len) noexcept {
-#if defined(__GNUC__) || defined(__clang__)
-  constexpr index_t line = 64 / static_cast<index_t>(sizeof(T));
   for (index_t j = 0; j < n; ++j)
-    for (index_t e = 0; e < len; e += line) __builtin_prefetch(p + j * stride + e);
-#else
-  (void)p, (void)stride, (void)n, (void)len;
-#endif
+    for (index_t e = 0; e < len; e += line_elements_v<T>) fetch_line(p + j * stride + e);
 }
 
 }  // namespace posenc::detail::fused

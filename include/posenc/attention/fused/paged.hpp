@@ -122,26 +122,35 @@ void gather_tile_rows(paged_run<S> const* runs, index_t* ri, index_t t0, index_t
 /// update, values, as row_tile does over a strided view; the keys arrive
 /// rotated (cached rotated), 16-bit rows widened in registers as loaded.
 /// `Guard` as in row_tile.
+/// `ahead` (not null): the next step's rows, fetched line by line among this
+/// tile's loads (row j of this tile with row j of `ahead`'s tile).
 template <class Tr, bool Guard, class T, class S, class E>
 void paged_row_tile(attention_plan<T> const& p, paged_tile_rows<T, S> const& tr, index_t tile_j, E const& enc,
                     index_t hk, row_rows<Tr> const& rr, index_t t0, index_t nk, row_scratch<Tr> const& sc,
-                    row_state<T> st) noexcept {
+                    row_state<T> st, paged_tile_rows<T, S> const* ahead = nullptr) noexcept {
   index_t const head_dim = p.head_dim, value_dim = p.value_dim;
   listed_rows<S> const krow{tr.k + tile_j, hk * head_dim}, vrow{tr.v + tile_j, hk * value_dim};
+  listed_rows<S> const kn{ahead ? ahead->k + tile_j : nullptr, hk * head_dim};
+  listed_rows<S> const vn{ahead ? ahead->v + tile_j : nullptr, hk * value_dim};
   bool guarded = false;
   if constexpr (Guard)
     for (index_t j = 0; j < nk && !guarded; ++j) guarded = !rows_finite<Tr>(vrow(j), 0, 1, value_dim);
   // Scores of every row, each row's softmax update, then the values of every row.
   auto rows = [&](index_t, auto n) {
     constexpr int ng_v = decltype(n)::value;
-    row_scores_of<Tr, ng_v, S>(rr.q, krow, nk, head_dim, sc.s);
+    if (ahead)
+      row_scores_of<Tr, ng_v, S, true>(rr.q, krow, nk, head_dim, sc.s, &kn);
+    else
+      row_scores_of<Tr, ng_v, S>(rr.q, krow, nk, head_dim, sc.s);
     T al[size_v<ng_v>];
     for (int g = 0; g < ng_v; ++g) {
       row_logits<Tr>(p, enc, 0, rr, g, t0, nk, sc.s[g], sc.tmp);
       al[g] = row_softmax_update<Tr>(sc.s[g], nk, st.m[g], st.l[g]);
     }
-    if (guarded)
+    if (guarded)  // rare (V not all finite): no fetch
       row_values_of<Tr, ng_v, true, S>(sc.s, al, vrow, nk, value_dim, st.o);
+    else if (ahead)
+      row_values_of<Tr, ng_v, false, S, true>(sc.s, al, vrow, nk, value_dim, st.o, &vn);
     else
       row_values_of<Tr, ng_v, false, S>(sc.s, al, vrow, nk, value_dim, st.o);
   };
@@ -185,11 +194,12 @@ void paged_item(attention_plan<T> const& p, view<const Q> q, paged_run<S> const*
                             [&](index_t u) -> row_rows<Tr> const& { return rr[u - u0]; }, states);
     return;
   }
-  // Gathered steps of the contiguous kernel's size (the same bits); over
-  // 16-bit pages, the next step's rows are gathered one step ahead and
-  // fetched while the units of this step run, as decode_steps does.
+  // Gathered steps of the contiguous kernel's size (the same bits); the next
+  // step's rows are gathered one step ahead and (decode_fetch_v) fetched
+  // while the units of this step run: a whole next step by each unit among
+  // its own loads, the last, shorter one shared out among the units.
   constexpr index_t step_v = decode_step_v<Tr, S, E>;
-  constexpr bool half_v = !std::is_same_v<S, T>;
+  constexpr bool fetch_v = decode_fetch_v<Tr, S>;
   paged_tile_rows<T, S> rows_a, rows_b;
   paged_tile_rows<T, S>* tr = &rows_a;
   paged_tile_rows<T, S>* tn = &rows_b;
@@ -201,8 +211,8 @@ void paged_item(attention_plan<T> const& p, view<const Q> q, paged_run<S> const*
     index_t const nk = std::min(step_v, last - t0), next = t0 + nk, nn = std::min(step_v, last - next);
     if (nn > 0) gather_tile_rows(runs, &ri, next, nn, kstride, vstride, *tn);
     for (index_t u = u0; u < u1; ++u) {
-      if constexpr (half_v) {
-        if (nn > 0) {  // unit u's share of the next step's key rows
+      if constexpr (fetch_v) {
+        if (nn > 0 && nn < step_v) {  // the last step: unit u's share of its rows
           index_t const j0 = (u - u0) * nn / (u1 - u0), j1 = (u - u0 + 1) * nn / (u1 - u0);
           for (index_t j = j0; j < j1; ++j) {
             prefetch_rows(tn->k[j] + h0 * p.head_dim, 0, 1, heads * p.head_dim);
@@ -210,10 +220,13 @@ void paged_item(attention_plan<T> const& p, view<const Q> q, paged_run<S> const*
           }
         }
       }
-      // This group's own visible union, clipped to the step.
+      // This group's own visible union, clipped to the step; a whole next
+      // step is fetched among the loads.
       row_rows<Tr> const& r = rr[u - u0];
       index_t const a = std::max(t0, r.first), e = std::min(t0 + nk, r.last);
-      if (a < e) paged_row_tile<Tr, Guard>(p, *tr, a - t0, enc, u / groups, r, a, e - a, sc, states(u));
+      if (a < e)
+        paged_row_tile<Tr, Guard>(p, *tr, a - t0, enc, u / groups, r, a, e - a, sc, states(u),
+                                  fetch_v && nn == step_v ? tn : nullptr);
     }
     std::swap(tr, tn);
   }

@@ -140,15 +140,23 @@ void row_logits(attention_plan<T> const& p, E const& enc, index_t b, row_rows<Tr
 /// nothing (0 * NaN would be NaN); see `guarded_rerun`.
 /// K and V are stored as KV: T, or a 16-bit type widened in registers as its
 /// rows are loaded (a tile rotated here is widened into the float key tile).
+/// `ahead` != 0: the rows `ahead` keys further on (the next step's, all in
+/// the views) are fetched line by line among this tile's loads (row_scores).
 template <class Tr, bool Guard, class T, class KV, class E>
 void row_tile(attention_plan<T> const& p, view<const KV> k, view<const KV> v, E const& enc, index_t b, index_t hk,
               row_rows<Tr> const& rr, index_t t0, index_t nk, rotation_ids const* rot, row_scratch<Tr> const& sc,
-              row_state<T> st) noexcept {
+              row_state<T> st, index_t ahead = 0) noexcept {
   index_t const head_dim = p.head_dim, value_dim = p.value_dim;
   KV const* kt = k.ptr(b, t0, hk);
   index_t ldk = k.seq_stride;
+  index_t ahead_k = ahead * k.seq_stride;
+  index_t const ahead_v = ahead * v.seq_stride;
   [[maybe_unused]] T const* kw = nullptr;  // 16-bit KV: the rotated tile, widened
   if (rot && rot->k) {
+    // The key rows are read by the rotation, into scratch: fetch the next
+    // ones here, all at once.
+    if (ahead != 0) prefetch_rows(kt + ahead_k, k.seq_stride, nk, head_dim);
+    ahead_k = 0;
     rotate_key_tile(p, k, enc, *rot, b, hk, t0, nk, sc.ktile);
     if constexpr (std::is_same_v<KV, T>)
       kt = sc.ktile;
@@ -162,19 +170,27 @@ void row_tile(attention_plan<T> const& p, view<const KV> k, view<const KV> v, E 
   // row (each K and V row loaded once for all rows).
   auto rows = [&](index_t, auto n) {
     constexpr int ng_v = decltype(n)::value;
-    if constexpr (std::is_same_v<KV, T>)
-      row_scores<Tr, ng_v>(rr.q, kt, ldk, nk, head_dim, sc.s);
-    else if (kw)
+    if constexpr (std::is_same_v<KV, T>) {
+      if (ahead_k != 0)
+        row_scores<Tr, ng_v, true>(rr.q, kt, ldk, nk, head_dim, sc.s, ahead_k);
+      else
+        row_scores<Tr, ng_v>(rr.q, kt, ldk, nk, head_dim, sc.s);
+    } else if (kw) {
       row_scores<Tr, ng_v>(rr.q, kw, ldk, nk, head_dim, sc.s);
-    else
+    } else if (ahead_k != 0) {
+      row_scores<Tr, ng_v, true>(rr.q, kt, ldk, nk, head_dim, sc.s, ahead_k);
+    } else {
       row_scores<Tr, ng_v>(rr.q, kt, ldk, nk, head_dim, sc.s);
+    }
     T al[size_v<ng_v>];
     for (int g = 0; g < ng_v; ++g) {
       row_logits<Tr>(p, enc, b, rr, g, t0, nk, sc.s[g], sc.tmp);
       al[g] = row_softmax_update<Tr>(sc.s[g], nk, st.m[g], st.l[g]);
     }
-    if (guarded)
+    if (guarded)  // rare (V not all finite): no fetch
       row_values<Tr, ng_v, true>(sc.s, al, vt, v.seq_stride, nk, value_dim, st.o);
+    else if (ahead_v != 0)
+      row_values<Tr, ng_v, false, true>(sc.s, al, vt, v.seq_stride, nk, value_dim, st.o, ahead_v);
     else
       row_values<Tr, ng_v>(sc.s, al, vt, v.seq_stride, nk, value_dim, st.o);
   };
@@ -207,17 +223,27 @@ void guarded_rerun(Run const& run, Finite const& finite) noexcept {
 /// per-head walk, row_item_tiles): a whole key tile for a float cache and
 /// for Shaw terms; half_decode_step_v keys (one score block of 16) for a
 /// 16-bit cache, whose rows are half as long per head: smaller steps keep the
-/// reads of K and V spread among the arithmetic, where the hardware
-/// prefetchers keep up with them (docs/performance.md).
+/// reads of K and V spread among the arithmetic (docs/performance.md).
 template <class Tr, class KV, class E>
 inline constexpr index_t decode_step_v =
     std::is_same_v<KV, typename Tr::value_type> || encoder_traits<E>::relative_key_value ? Tr::block_kv_v
                                                                                        : Tr::half_decode_step_v;
 
+/// Whether a walk over gathered pages (fused/paged.hpp) fetches the next
+/// step's rows in software as it goes: for 16-bit pages, whose walk the
+/// hardware prefetchers do not keep up with; not for float pages, whose
+/// whole-tile steps they follow (fetching made them slower:
+/// docs/performance.md). A head-major walk (row_item_tiles) always fetches.
+template <class Tr, class KV>
+inline constexpr bool decode_fetch_v = !std::is_same_v<KV, typename Tr::value_type>;
+
 /// Every step (decode_step_v keys) of rows [r0, r0 + ng) of (b, hk) over
-/// keys [j0, j1), each fetching the next step's K and V rows; `Guard` as in
-/// row_tile. The steps are the decode walk's, laid from the first visible key:
-/// where the rows' keys start together, both walks give the same bits.
+/// keys [j0, j1); `Guard` as in row_tile. A step followed by a whole one
+/// fetches that one's K and V rows among its own loads, line by line (a run
+/// of fetches before the step's arithmetic stalls it: docs/performance.md);
+/// the last, shorter step is fetched all at once. The steps are the decode
+/// walk's, laid from the first visible key: where the rows' keys start
+/// together, both walks give the same bits.
 template <class Tr, bool Guard, class T, class Q, class KV, class E>
 void row_item_tiles(attention_plan<T> const& p, view<const Q> q, view<const KV> k, view<const KV> v, E const& enc,
                     index_t b, index_t hk, index_t r0, index_t ng, index_t j0, index_t j1, rotation_ids const* rot,
@@ -226,15 +252,12 @@ void row_item_tiles(attention_plan<T> const& p, view<const Q> q, view<const KV> 
   row_rows<Tr> rr;
   row_begin<Tr>(p, q, enc, b, hk, r0, ng, j0, j1, rot, sc.qbuf, rr, st);
   for (index_t t0 = rr.first; t0 < rr.last; t0 += bk_v) {
-    index_t const nk = std::min(bk_v, rr.last - t0);
-    if (t0 + bk_v < rr.last) {
-      // Rows of one head sit a token stride apart (often in different 4 KiB
-      // pages, where hardware prefetchers stop): fetch the next step now.
-      index_t const nn = std::min(bk_v, rr.last - t0 - bk_v);
+    index_t const nk = std::min(bk_v, rr.last - t0), nn = std::min(bk_v, rr.last - t0 - nk);
+    if (nn > 0 && nn < bk_v) {
       prefetch_rows(k.ptr(b, t0 + bk_v, hk), k.seq_stride, nn, p.head_dim);
       prefetch_rows(v.ptr(b, t0 + bk_v, hk), v.seq_stride, nn, p.value_dim);
     }
-    row_tile<Tr, Guard>(p, k, v, enc, b, hk, rr, t0, nk, rot, sc, st);
+    row_tile<Tr, Guard>(p, k, v, enc, b, hk, rr, t0, nk, rot, sc, st, nn == bk_v ? bk_v : 0);
   }
 }
 
