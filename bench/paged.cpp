@@ -71,19 +71,22 @@ float read_once(float const* x, std::int64_t n, int threads) {
   return s;
 }
 
-/// Sums every key and value of the pages in `table` once, in place, the
-/// pages split evenly over `threads` threads (a read of K and V in the pages' layout).
+/// Sums every key and value of the pages in `table` once, in place, kv head
+/// by kv head (the pool is head-major: each kv head's rows of a page are one
+/// block), the heads split evenly over `threads` threads (a read of K and V
+/// in the pages' layout, in the order attention reads them).
 float read_pages(posenc::paged_kv_cache<float> const& cache, posenc::span<const index_t> table, int threads) {
   using B = posenc::simd::batch<float>;
   constexpr index_t W = posenc::simd::width<float>;
-  index_t const n = static_cast<index_t>(table.size()), per = (n + threads - 1) / threads;
-  index_t const len = cache.page_tokens() * H * D;  // elements of one page, keys or values
+  index_t const n = static_cast<index_t>(table.size());
+  index_t const len = cache.page_tokens() * D;  // elements of one kv head's block of a page
   std::vector<float> part(static_cast<std::size_t>(threads), 0.0f);
   posenc::parallel_for(threads, threads, [&](index_t t) {
     B acc(0.0f);
-    for (index_t i = t * per; i < std::min(n, (t + 1) * per); ++i)
-      for (float const* x : {cache.page_keys(table[i], 1).data, cache.page_values(table[i], 1).data})
-        for (index_t e = 0; e + W <= len; e += W) acc = acc + posenc::simd::load(x + e);
+    for (index_t h = t * H / threads; h < (t + 1) * H / threads; ++h)
+      for (index_t i = 0; i < n; ++i)
+        for (float const* x : {cache.page_keys(table[i], 1).ptr(0, 0, h), cache.page_values(table[i], 1).ptr(0, 0, h)})
+          for (index_t e = 0; e + W <= len; e += W) acc = acc + posenc::simd::load(x + e);
     part[static_cast<std::size_t>(t)] = posenc::simd::reduce_add(acc);
   });
   float s = 0;

@@ -534,8 +534,10 @@ TEST_CASE("paged_kv_cache: a fork shares pages; appends never change another seq
       for (index_t j = 0; j < cache.length(id); ++j) {
         auto const pk = cache.page_keys(table[j / page], 1);
         auto const pv = cache.page_values(table[j / page], 1);
-        k.insert(k.end(), pk.ptr(0, j % page, 0), pk.ptr(0, j % page, 0) + Hkv * D);
-        k.insert(k.end(), pv.ptr(0, j % page, 0), pv.ptr(0, j % page, 0) + Hkv * D);
+        for (index_t h = 0; h < Hkv; ++h) {
+          k.insert(k.end(), pk.ptr(0, j % page, h), pk.ptr(0, j % page, h) + D);
+          k.insert(k.end(), pv.ptr(0, j % page, h), pv.ptr(0, j % page, h) + D);
+        }
       }
       return k;
     };
@@ -720,4 +722,90 @@ TEST_CASE("paged_kv_cache: sequences growing together keep their pages consecuti
     CHECK(pages_of(cache, x) == std::vector<index_t>{0, 2, 4, 6, 8});
     CHECK(cache.free_page_count() == 0);
   }
+}
+
+TEST_CASE("paged_kv_cache: storage is head-major; a run of consecutive pages is one head-major view", "[paged]") {
+  for (index_t page : {1, 3, 16}) {
+    INFO("page_tokens " << page);
+    index_t const pages = 12, Dv = D + 3;
+    posenc::paged_kv_cache<float> cache(pages, page, Hkv, D, Dv);
+    index_t const L = 4 * page + 1;  // five pages, the last partly filled
+    std::vector<float> const k = random_vector<float>(static_cast<std::size_t>(L * Hkv * D), 31);
+    std::vector<float> const v = random_vector<float>(static_cast<std::size_t>(L * Hkv * Dv), 32);
+    index_t const id = cache.add_sequence();
+    cache.append(id, posenc::make_bshd<const float>(k.data(), 1, L, Hkv, D),
+                 posenc::make_bshd<const float>(v.data(), 1, L, Hkv, Dv), posenc::none{});
+    auto const table = cache.page_table(id);
+    REQUIRE(table.size() == 5);
+    REQUIRE(one_run(table));
+    auto const pk = cache.page_keys(table[0], table.size());
+    auto const pv = cache.page_values(table[0], table.size());
+    // kv_cache's head-major form: each head's tokens one after another, heads the pool apart
+    CHECK(pk.seq_stride == D);
+    CHECK(pk.head_stride == pages * page * D);
+    CHECK(pv.seq_stride == Dv);
+    CHECK(pv.head_stride == pages * page * Dv);
+    CHECK(pk.seq == 5 * page);
+    CHECK(pk.heads == Hkv);
+    bool same = true, adjacent = true;
+    for (index_t t = 0; t < L; ++t)
+      for (index_t h = 0; h < Hkv; ++h) {
+        // the view of the run and the view of the token's own page address the same element
+        auto const own_k = cache.page_keys(table[t / page], 1), own_v = cache.page_values(table[t / page], 1);
+        adjacent = adjacent && pk.ptr(0, t, h) == own_k.ptr(0, t % page, h) &&
+                   pv.ptr(0, t, h) == own_v.ptr(0, t % page, h);
+        for (index_t d = 0; d < D; ++d)
+          same = same && pk(0, t, h, d) == k[static_cast<std::size_t>((t * Hkv + h) * D + d)];
+        for (index_t d = 0; d < Dv; ++d)
+          same = same && pv(0, t, h, d) == v[static_cast<std::size_t>((t * Hkv + h) * Dv + d)];
+      }
+    CHECK(adjacent);
+    CHECK(same);
+  }
+}
+
+// The fused decode over float pages walks each kv head as the fused decode over
+// a head-major kv_cache does (the same steps from the same first key, each step's
+// rows in one strided view or gathered across pages), so with the same chunks both
+// give the same bits: pages in one run, and every page its own run in a fragmented pool.
+TEST_CASE("paged fused decode over float pages equals the kv_cache fused decode bit for bit", "[paged]") {
+  posenc::rope<float> rope(posenc::rope_layout::half_split, D);
+  rope.reserve(4096);
+  posenc::alibi<float> const alibi(posenc::alibi_form::paper, Hq);
+  auto run = [&](auto const& enc, char const* name) {
+    for (bool fragmented : {false, true})
+      for (index_t page : {16, 5})
+        for (index_t sq : {1, 3})
+          for (int threads : {1, 2}) {
+            INFO(name << (fragmented ? ", fragmented pool" : ", one run") << ", page " << page << ", Sq " << sq
+                      << ", " << threads << " threads");
+            index_t const L = 700;
+            posenc::paged_kv_cache<float> cache(2 * (L / page + 2) + 4, page, Hkv, D);
+            if (fragmented) fragment_pool(cache, enc);
+            tokens<float> const t(L, 77);
+            index_t const id = cache.add_sequence();
+            cache.append(id, tokens<float>::part(t.k, 0, L, Hkv), tokens<float>::part(t.v, 0, L, Hkv), enc);
+            REQUIRE(one_run(cache.page_table(id)) != fragmented);
+            posenc::kv_cache<float> flat(1, Hkv, D);
+            flat.append(tokens<float>::part(t.k, 0, L, Hkv), tokens<float>::part(t.v, 0, L, Hkv), enc);
+            std::vector<float> const q(t.q.begin(), t.q.begin() + sq * Hq * D);
+            std::vector<float> want(q.size(), 7.0f), got(q.size(), -7.0f);
+            std::vector<float> lse_want(static_cast<std::size_t>(Hq * sq)), lse_got(lse_want.size());
+            posenc::attention_options<float> opt;
+            opt.causal = true;
+            opt.threads = threads;
+            opt.lse = lse_want.data();
+            auto const qv = posenc::make_bshd<const float>(q.data(), 1, sq, Hq, D);
+            posenc::attention<posenc::path::fused>(qv, flat, posenc::make_bshd(want.data(), 1, sq, Hq, D), enc, opt);
+            opt.lse = lse_got.data();
+            std::vector<index_t> const ids = {id};
+            posenc::attention<posenc::path::fused>(qv, cache, ids, posenc::make_bshd(got.data(), 1, sq, Hq, D), enc,
+                                                   opt);
+            CHECK(want == got);
+            CHECK(lse_want == lse_got);
+          }
+  };
+  run(posenc::none{}, "none");
+  run(rope, "rope");
+  run(alibi, "alibi");
 }

@@ -34,8 +34,10 @@ std::vector<float> state_of(posenc::paged_kv_cache<float> const& c, std::vector<
     for (index_t j = 0; j < c.length(id); ++j) {
       auto const k = c.page_keys(table[j / c.page_tokens()], 1);
       auto const v = c.page_values(table[j / c.page_tokens()], 1);
-      s.insert(s.end(), k.ptr(0, j % c.page_tokens(), 0), k.ptr(0, j % c.page_tokens(), 0) + H * D);
-      s.insert(s.end(), v.ptr(0, j % c.page_tokens(), 0), v.ptr(0, j % c.page_tokens(), 0) + H * D);
+      for (index_t h = 0; h < H; ++h) {
+        s.insert(s.end(), k.ptr(0, j % c.page_tokens(), h), k.ptr(0, j % c.page_tokens(), h) + D);
+        s.insert(s.end(), v.ptr(0, j % c.page_tokens(), h), v.ptr(0, j % c.page_tokens(), h) + D);
+      }
     }
   }
   return s;

@@ -93,7 +93,7 @@ view<const T> gather_sequence(paged_kv_cache<T> const& cache, index_t id, bool v
   for (index_t t = 0; t < L; ++t) {
     index_t const page = table[t / P];
     view<const T> const src = values ? cache.page_values(page, 1) : cache.page_keys(page, 1);
-    std::copy_n(src.ptr(0, t % P, 0), H * d, buf.data() + t * H * d);
+    for (index_t h = 0; h < H; ++h) std::copy_n(src.ptr(0, t % P, h), d, buf.data() + (t * H + h) * d);
   }
   return make_bshd(static_cast<T const*>(buf.data()), 1, L, H, d);
 }
@@ -374,31 +374,36 @@ void paged_attention(view<const Q> q, paged_kv_cache<S> const& cache, span<const
     }
     auto const first_key = [&](index_t b) { return detail::paged_first_key(enc, cache.length(seq_ids[b]), Sq); };
     using Tr = detail::fused_default_traits<T>;
+    detail::fused::paged_strides const strides{pool_k.seq_stride, pool_k.head_stride, pool_v.seq_stride,
+                                               pool_v.head_stride};
     // Prefill (rows enough for lanes, no relative key or value terms): the lane
     // kernel over one chunk per entry, parallel over (entry, kv head, query blocks).
     if (!encoder_traits<E>::relative_key_value &&
         Sq * work.plans[0].group >= Tr::lane_kernel_min_rows_v) {
       detail::plan_chunks(work, cache, seq_ids, position_limit, first_key);
       if (copied)
-        detail::fused::run_paged_lanes(work, n, qrot, out, enc, rots, pool_k.seq_stride, pool_v.seq_stride,
-                                       opt.threads);
+        detail::fused::run_paged_lanes(work, n, qrot, out, enc, rots, strides, opt.threads);
       else
-        detail::fused::run_paged_lanes(work, n, q, out, enc, rots, pool_k.seq_stride, pool_v.seq_stride,
-                                       opt.threads);
+        detail::fused::run_paged_lanes(work, n, q, out, enc, rots, strides, opt.threads);
       return;
     }
-    // Chunks: one per entry with one thread; with more, pieces so that every thread gets work.
+    // Chunks: one per entry with one thread. With more, an item (chunk, kv
+    // head, row group) holds at most 1 / (2 threads) of the call's work, so
+    // that every thread gets work: entries are cut into pieces only when
+    // their items are too few or too uneven for that (a decode over several
+    // kv heads usually is not cut, as over a contiguous kv_cache).
     int const threads = loop_threads(opt.threads);
     index_t max_len = position_limit;
     if (threads > 1) {
-      index_t const target = (total + 2 * threads - 1) / (2 * threads);
+      index_t const units = cache.kv_heads() * ((Sq * work.plans[0].group + Tr::row_group_v - 1) / Tr::row_group_v);
+      index_t const target = (total * units + 2 * threads - 1) / (2 * threads);
       max_len = std::max<index_t>(Tr::block_kv_v, (target + Tr::block_kv_v - 1) / Tr::block_kv_v * Tr::block_kv_v);
     }
     detail::plan_chunks(work, cache, seq_ids, max_len, first_key);
     if (copied)
-      detail::fused::run_paged(work, n, qrot, out, enc, rots, pool_k.seq_stride, pool_v.seq_stride, opt.threads);
+      detail::fused::run_paged(work, n, qrot, out, enc, rots, strides, opt.threads);
     else
-      detail::fused::run_paged(work, n, q, out, enc, rots, pool_k.seq_stride, pool_v.seq_stride, opt.threads);
+      detail::fused::run_paged(work, n, q, out, enc, rots, strides, opt.threads);
   }
 }
 
@@ -480,10 +485,12 @@ void paged_call_half(view<Q> q, paged_kv_cache<S> const& cache, span<const index
 ///   16-bit pages as they are).
 ///
 /// path::fused and path::best read the pages in place: the keys of an entry
-/// are one chunk (cut into several to keep the threads busy) that walks its
-/// runs of pages with consecutive ids, each a strided view, tile by tile with
-/// the row kernel; the chunks of an entry are merged by log-sum-exp. Work is
-/// parallel over (entry, chunk), and (kv head, row group) with Shaw terms.
+/// are one chunk (cut into several to keep the threads busy) that the row
+/// kernel walks head by head in the steps of the contiguous kernel over a
+/// kv_cache, a run of pages with consecutive ids as one strided view, else
+/// each step's rows gathered across the pages; the chunks of an entry are
+/// merged by log-sum-exp. Work is parallel over (entry, chunk, kv head, row
+/// group).
 /// A prefill (Sq x group at least the lane kernel's minimum rows, no Shaw
 /// terms) runs the lane kernel's steps over each entry's runs of pages
 /// instead, parallel over (entry, kv head, query blocks).

@@ -36,8 +36,11 @@ namespace posenc {
 /// - `posenc::attention(q, cache, seq_ids, out, enc, opt)` attends over the
 ///   pages in place (attention/paged_attention.hpp).
 ///
-/// Page storage: (page, token, kv_head, dim), so that a run of pages with
-/// consecutive ids is one strided (token, head, dim) view.
+/// Page storage: head-major across the pool, (kv_head, page, token, dim), so
+/// that one kv head's rows of a run of pages with consecutive ids lie one
+/// after another: the run is one head-major view (as kv_cache stores K and
+/// V), and attention reads each kv head's keys and values as two plain runs
+/// through memory.
 /// @tparam T float or double, or a 16-bit storage type (Eigen::half,
 ///         Eigen::bfloat16): append() then takes float k and v (or k and v of
 ///         T), rotates the keys in float when the encoder rotates and rounds
@@ -259,9 +262,11 @@ class paged_kv_cache {
   index_t head_dim() const noexcept { return dim_; }
   index_t value_dim() const noexcept { return vdim_; }
 
-  /// Keys of pages [page, page + count) as one view (1, count x page_tokens(), kv_heads, head_dim).
+  /// Keys of pages [page, page + count) as one view (1, count x page_tokens(), kv_heads, head_dim),
+  /// head-major: seq_stride = head_dim, head_stride = pages() x page_tokens() x head_dim.
   view<const T> page_keys(index_t page, index_t count) const noexcept { return run(keys_.data(), dim_, page, count); }
-  /// Values of pages [page, page + count) as one view (1, count x page_tokens(), kv_heads, value_dim).
+  /// Values of pages [page, page + count) as one view (1, count x page_tokens(), kv_heads, value_dim),
+  /// head-major as page_keys().
   view<const T> page_values(index_t page, index_t count) const noexcept {
     return run(values_.data(), vdim_, page, count);
   }
@@ -330,7 +335,7 @@ class paged_kv_cache {
     return best == 0 ? 0 : best + best_len / 2;
   }
   T* token_ptr(std::vector<T>& store, index_t d, index_t page, index_t t, index_t h) noexcept {
-    return store.data() + ((page * page_tokens_ + t) * heads_ + h) * d;
+    return store.data() + ((h * pages_ + page) * page_tokens_ + t) * d;
   }
   // Writes the tokens of entry b of k and v after the sequence's last token,
   // copying a shared last page first and taking new pages as needed.
@@ -340,8 +345,10 @@ class paged_kv_cache {
       index_t const old = s.pages.back(), fresh = take_page(before);
       --refs_[static_cast<std::size_t>(old)];
       index_t const used = s.len % page_tokens_;
-      std::copy_n(token_ptr(keys_, dim_, old, 0, 0), used * heads_ * dim_, token_ptr(keys_, dim_, fresh, 0, 0));
-      std::copy_n(token_ptr(values_, vdim_, old, 0, 0), used * heads_ * vdim_, token_ptr(values_, vdim_, fresh, 0, 0));
+      for (index_t h = 0; h < heads_; ++h) {
+        std::copy_n(token_ptr(keys_, dim_, old, 0, h), used * dim_, token_ptr(keys_, dim_, fresh, 0, h));
+        std::copy_n(token_ptr(values_, vdim_, old, 0, h), used * vdim_, token_ptr(values_, vdim_, fresh, 0, h));
+      }
       s.pages.back() = fresh;
     }
     for (index_t t = 0; t < k.seq; ++t) {
@@ -364,8 +371,9 @@ class paged_kv_cache {
     }
   }
   view<const T> run(T const* base, index_t d, index_t page, index_t count) const noexcept {
-    return {base + page * page_tokens_ * heads_ * d, 1, count * page_tokens_, heads_, d,
-            count * page_tokens_ * heads_ * d, heads_ * d, d, 1};
+    index_t const head_stride = pages_ * page_tokens_ * d;
+    return {base + page * page_tokens_ * d, 1, count * page_tokens_, heads_, d, heads_ * head_stride, d,
+            head_stride, 1};
   }
 
   index_t pages_, page_tokens_, heads_, dim_, vdim_;

@@ -223,7 +223,8 @@ inline void row_scores(typename Tr::value_type const* const* qr, KS const* k, in
         for (index_t t = 0; t < w_v; ++t) {
           T x = 0;
           if (t < n)
-            for (index_t e = dim_w; e < head_dim; ++e) x += qr[g][e] * stored_value<T>(k[(j0 + t) * ldk + e]);
+            for (index_t e = dim_w; e < head_dim; ++e)  // std::fma: the same bits whatever the compiler contracts
+              x = std::fma(qr[g][e], stored_value<T>(k[(j0 + t) * ldk + e]), x);
           tail[t] = x;
         }
         sum = sum + simd::load<T, A>(tail);
@@ -284,7 +285,7 @@ inline void row_values(typename Tr::value_type const* const* pr, typename Tr::va
     for (int g = 0; g < NG; ++g) {
       T a = o[g * value_dim + d] * alpha[g];
       for (index_t j = 0; j < nk; ++j)
-        if (!Guarded || pr[g][j] != T(0)) a += pr[g][j] * stored_value<T>(v[j * ldv + d]);
+        if (!Guarded || pr[g][j] != T(0)) a = std::fma(pr[g][j], stored_value<T>(v[j * ldv + d]), a);
       o[g * value_dim + d] = a;
     }
   }
@@ -353,7 +354,8 @@ inline void row_scores_of(typename Tr::value_type const* const* qr, Rows const& 
         for (index_t t = 0; t < w_v; ++t) {
           T x = 0;
           if (t < n)
-            for (index_t e = dim_w; e < head_dim; ++e) x += qr[g][e] * stored_value<T>(krow(j0 + t)[e]);
+            for (index_t e = dim_w; e < head_dim; ++e)
+              x = std::fma(qr[g][e], stored_value<T>(krow(j0 + t)[e]), x);
           tail[t] = x;
         }
         sum = sum + simd::load<T, A>(tail);
@@ -414,7 +416,7 @@ inline void row_values_of(typename Tr::value_type const* const* pr, typename Tr:
     for (int g = 0; g < NG; ++g) {
       T a = o[g * value_dim + d] * alpha[g];
       for (index_t j = 0; j < nk; ++j)
-        if (!Guarded || pr[g][j] != T(0)) a += pr[g][j] * stored_value<T>(vrow(j)[d]);
+        if (!Guarded || pr[g][j] != T(0)) a = std::fma(pr[g][j], stored_value<T>(vrow(j)[d]), a);
       o[g * value_dim + d] = a;
     }
   }

@@ -3,12 +3,16 @@
 #pragma once
 
 // What this room holds: the driver of the row kernel when the keys of each
-// call entry are scattered over pages. The keys of an entry are cut into
-// chunks (one per entry, or more when that keeps the threads busy); a chunk
-// walks its keys in tiles of the row kernel's size, each tile's key and
-// value rows gathered in place from the page runs it spans (one pointer per
-// row, no copy), so that the online softmax updates once per tile whatever
-// the page size; `merge_partials` combines the chunks of an entry. The
+// call entry are scattered over pages. The pool is head-major (each kv head's
+// rows of a page one block, paged_kv_cache), so that an item (chunk, kv head,
+// row group) reads its head's keys and values as the contiguous kernel reads
+// a head-major kv_cache. The keys of an entry are cut into chunks (one per
+// entry, or more when that keeps the threads busy); a chunk walks its keys in
+// the contiguous walk's steps, a run of pages with consecutive ids as one
+// strided view, else each step's key and value rows gathered in place from
+// the page runs it spans (one pointer per row, no copy), so that the online
+// softmax updates once per step whatever the page size; `merge_partials`
+// combines the chunks of an entry. The
 // plans give the true key positions (global key indices of the entry), so
 // causal alignment, windows, masks and relative encoders see every key where
 // it sits. All buffers live in a workspace reused across calls: once it has
@@ -71,7 +75,7 @@ struct paged_work {
   std::vector<index_t> q_ids;               // (entries, Sq) query positions
   std::vector<index_t> rot_q;               // (entries, Sq) rotation ids of the queries (>= 0)
   std::vector<rotation_ids> rots;           // per entry, when the kernel rotates the queries
-  std::vector<row_rows<Tr>> rows;           // per thread on the decode items
+  std::vector<row_rows<Tr>> rows;           // per thread: the rows of its item
   aligned_buffer<T> scratch, states, qrot;  // per-thread scratch, partial states, rotated queries
 
   /// Makes `buf` hold at least n elements (contents dropped when it grows).
@@ -80,19 +84,26 @@ struct paged_work {
   }
 };
 
+/// Strides of a paged cache's storage (elements): from one token's key (value)
+/// row to the next of the same kv head, and from one kv head's rows to the next.
+struct paged_strides {
+  index_t k_token = 0, k_head = 0, v_token = 0, v_head = 0;
+};
+
 /// A view of one run whose key index j (j0 <= j < j1) lands on the run's
 /// key j - j0: the kernels index keys by the entry's global key index, so the
 /// view's base is the run's key j0 moved back by j0 tokens. Only keys j0 ..
 /// j1 - 1 of the view are ever addressed.
 template <class S>
-view<const S> chunk_view(S const* at_j0, index_t j0, index_t j1, index_t heads, index_t dim, index_t token_stride) noexcept {
-  return {at_j0 - j0 * token_stride, 1, j1, heads, dim, j1 * token_stride, token_stride, dim, 1};
+view<const S> chunk_view(S const* at_j0, index_t j0, index_t j1, index_t heads, index_t dim, index_t token_stride,
+                         index_t head_stride) noexcept {
+  return {at_j0 - j0 * token_stride, 1, j1, heads, dim, heads * head_stride, token_stride, head_stride, 1};
 }
 
 /// The key and value rows of one key tile, gathered from the page runs: row
 /// j of the tile (key t0 + j) of kv head 0 at k[j] and v[j] (kv head hk at
-/// + hk * dim), so that a tile spans runs and pages of any size. Rows of
-/// storage type S, tiles of the compute type T's size.
+/// + hk * the head stride), so that a tile spans runs and pages of any size.
+/// Rows of storage type S, tiles of the compute type T's size.
 template <class T, class S = T>
 struct paged_tile_rows {
   S const* k[fused_default_traits<T>::block_kv_v];
@@ -103,35 +114,35 @@ struct paged_tile_rows {
 /// the chunk, in key order, that cover those keys); leaves *ri on the run of
 /// key t0 + nk - 1.
 template <class T, class S>
-void gather_tile_rows(paged_run<S> const* runs, index_t* ri, index_t t0, index_t nk, index_t kstride,
-                      index_t vstride, paged_tile_rows<T, S>& tr) noexcept {
+void gather_tile_rows(paged_run<S> const* runs, index_t* ri, index_t t0, index_t nk, paged_strides const& ps,
+                      paged_tile_rows<T, S>& tr) noexcept {
   index_t j = 0;
   while (j < nk) {
     while (runs[*ri].j1 <= t0 + j) ++*ri;
     paged_run<S> const& run = runs[*ri];
     index_t const off = t0 + j - run.j0, n = std::min(nk - j, run.j1 - run.j0 - off);
     for (index_t e = 0; e < n; ++e, ++j) {
-      tr.k[j] = run.k + (off + e) * kstride;
-      tr.v[j] = run.v + (off + e) * vstride;
+      tr.k[j] = run.k + (off + e) * ps.k_token;
+      tr.v[j] = run.v + (off + e) * ps.v_token;
     }
   }
 }
 
 /// Key tile [t0, t0 + nk) of kv head hk for the rows of rr, its rows
 /// gathered in `tr` (row 0 = key t0): scores, logits, one online softmax
-/// update, values, as row_tile does over a strided view; the keys arrive
-/// rotated (cached rotated), 16-bit rows widened in registers as loaded.
-/// `Guard` as in row_tile.
+/// update, values, as row_tile does over a strided view (the same bits); the
+/// keys arrive rotated (cached rotated), 16-bit rows widened in registers as
+/// loaded. `Guard` as in row_tile.
 /// `ahead` (not null): the next step's rows, fetched line by line among this
 /// tile's loads (row j of this tile with row j of `ahead`'s tile).
 template <class Tr, bool Guard, class T, class S, class E>
-void paged_row_tile(attention_plan<T> const& p, paged_tile_rows<T, S> const& tr, index_t tile_j, E const& enc,
-                    index_t hk, row_rows<Tr> const& rr, index_t t0, index_t nk, row_scratch<Tr> const& sc,
-                    row_state<T> st, paged_tile_rows<T, S> const* ahead = nullptr) noexcept {
+void paged_row_tile(attention_plan<T> const& p, paged_tile_rows<T, S> const& tr, E const& enc, index_t hk,
+                    row_rows<Tr> const& rr, index_t t0, index_t nk, paged_strides const& ps,
+                    row_scratch<Tr> const& sc, row_state<T> st, paged_tile_rows<T, S> const* ahead) noexcept {
   index_t const head_dim = p.head_dim, value_dim = p.value_dim;
-  listed_rows<S> const krow{tr.k + tile_j, hk * head_dim}, vrow{tr.v + tile_j, hk * value_dim};
-  listed_rows<S> const kn{ahead ? ahead->k + tile_j : nullptr, hk * head_dim};
-  listed_rows<S> const vn{ahead ? ahead->v + tile_j : nullptr, hk * value_dim};
+  listed_rows<S> const krow{tr.k, hk * ps.k_head}, vrow{tr.v, hk * ps.v_head};
+  listed_rows<S> const kn{ahead ? ahead->k : nullptr, hk * ps.k_head};
+  listed_rows<S> const vn{ahead ? ahead->v : nullptr, hk * ps.v_head};
   bool guarded = false;
   if constexpr (Guard)
     for (index_t j = 0; j < nk && !guarded; ++j) guarded = !rows_finite<Tr>(vrow(j), 0, 1, value_dim);
@@ -159,75 +170,48 @@ void paged_row_tile(attention_plan<T> const& p, paged_tile_rows<T, S> const& tr,
     for (index_t g = 0; g < rr.n; ++g) encoder_values(p, enc, sc.s[g], 0, rr.i[g], t0, nk, st.o + g * value_dim);
 }
 
-/// Row groups [u0, u1) (unit u: kv head u / groups, group u % groups) of the
-/// chunk's entry against the chunk's keys: one row setup, then steps of
-/// decode_step_v keys laid over the whole chunk, each gathered across its page
-/// runs (so the softmax update runs once per step whatever the page size),
-/// all units of a step together so that the pages are read as one front.
-/// A chunk that is one run of pages takes the contiguous decode's steps.
-/// Every key keeps its global index in the entry, so positions, masks and
-/// windows see it where it sits. `Guard` as in row_tile.
-template <class Tr, bool Guard, class T, class Q, class S, class E, class StateOf>
+/// Row group u (kv head u / groups, group u % groups) of the chunk's entry
+/// against the chunk's keys: the row setup, then the head-major walk of the
+/// contiguous kernel (row_steps: steps of decode_step_v keys from the rows'
+/// first visible key, each step fetching the next among its loads) over the
+/// head's rows in the pages. A chunk that is one run of pages with
+/// consecutive ids is a head-major strided view and takes row_steps itself;
+/// otherwise each step's rows are gathered across the runs (one step ahead,
+/// so that they can be fetched), so that the softmax updates once per step
+/// whatever the page size. Either way the bits are those of the contiguous
+/// kernel over the same keys. Every key keeps its global index in the entry,
+/// so positions, masks and windows see it where it sits. `Guard` as in row_tile.
+template <class Tr, bool Guard, class T, class Q, class S, class E>
 void paged_item(attention_plan<T> const& p, view<const Q> q, paged_run<S> const* runs, paged_chunk const& ch,
-                index_t u0, index_t u1, index_t groups, index_t kstride, index_t vstride, E const& enc,
-                rotation_ids const* rot, row_scratch<Tr> const& sc, row_rows<Tr>* rr, StateOf const& states) noexcept {
+                index_t u, index_t groups, paged_strides const& ps, E const& enc, rotation_ids const* rot,
+                row_scratch<Tr> const& sc, row_rows<Tr>& rr, row_state<T> st) noexcept {
   constexpr index_t rg_v = Tr::row_group_v;
-  index_t const rows = p.q_len * p.group;
-  index_t first = ch.j1, last = ch.j0;
-  for (index_t u = u0; u < u1; ++u) {
-    index_t const r0 = u % groups * rg_v;
-    row_rows<Tr>& r = rr[u - u0];
-    row_begin<Tr>(p, q, enc, 0, u / groups, r0, std::min(rg_v, rows - r0), ch.j0, ch.j1, rot,
-                  sc.qbuf + (u - u0) * rg_v * p.head_dim, r, states(u));
-    if (r.first < r.last) {
-      first = std::min(first, r.first);
-      last = std::max(last, r.last);
-    }
-  }
+  index_t const rows = p.q_len * p.group, hk = u / groups, r0 = u % groups * rg_v;
+  row_begin<Tr>(p, q, enc, 0, hk, r0, std::min(rg_v, rows - r0), ch.j0, ch.j1, rot, sc.qbuf, rr, st);
+  if (rr.first >= rr.last) return;
   if (ch.r1 - ch.r0 == 1) {
-    // One run of pages with consecutive ids: a strided view, walked by the
-    // contiguous decode's own steps (no row lists to gather).
     paged_run<S> const& run = runs[ch.r0];
-    view<const S> const k = chunk_view(run.k, run.j0, run.j1, p.kv_heads, p.head_dim, kstride);
-    view<const S> const v = chunk_view(run.v, run.j0, run.j1, p.kv_heads, p.value_dim, vstride);
-    decode_steps<Tr, Guard>(p, k, v, enc, 0, first, last, u0, u1, groups, rot, sc,
-                            [&](index_t u) -> row_rows<Tr> const& { return rr[u - u0]; }, states);
+    view<const S> const k = chunk_view(run.k, run.j0, run.j1, p.kv_heads, p.head_dim, ps.k_token, ps.k_head);
+    view<const S> const v = chunk_view(run.v, run.j0, run.j1, p.kv_heads, p.value_dim, ps.v_token, ps.v_head);
+    row_steps<Tr, Guard>(p, k, v, enc, 0, hk, rr, rot, sc, st);
     return;
   }
-  // Gathered steps of the contiguous kernel's size (the same bits); the next
-  // step's rows are gathered one step ahead and (decode_fetch_v) fetched
-  // while the units of this step run: a whole next step by each unit among
-  // its own loads, the last, shorter one shared out among the units.
   constexpr index_t step_v = decode_step_v<Tr, S, E>;
-  constexpr bool fetch_v = decode_fetch_v<Tr, S>;
   paged_tile_rows<T, S> rows_a, rows_b;
   paged_tile_rows<T, S>* tr = &rows_a;
   paged_tile_rows<T, S>* tn = &rows_b;
   index_t ri = ch.r0;
-  if (first < last) gather_tile_rows(runs, &ri, first, std::min(step_v, last - first), kstride, vstride, *tr);
-  // The kv heads of the units: one span of each token row.
-  index_t const h0 = u0 / groups, heads = (u1 - 1) / groups + 1 - h0;
-  for (index_t t0 = first; t0 < last; t0 += step_v) {
-    index_t const nk = std::min(step_v, last - t0), next = t0 + nk, nn = std::min(step_v, last - next);
-    if (nn > 0) gather_tile_rows(runs, &ri, next, nn, kstride, vstride, *tn);
-    for (index_t u = u0; u < u1; ++u) {
-      if constexpr (fetch_v) {
-        if (nn > 0 && nn < step_v) {  // the last step: unit u's share of its rows
-          index_t const j0 = (u - u0) * nn / (u1 - u0), j1 = (u - u0 + 1) * nn / (u1 - u0);
-          for (index_t j = j0; j < j1; ++j) {
-            prefetch_rows(tn->k[j] + h0 * p.head_dim, 0, 1, heads * p.head_dim);
-            prefetch_rows(tn->v[j] + h0 * p.value_dim, 0, 1, heads * p.value_dim);
-          }
-        }
+  gather_tile_rows(runs, &ri, rr.first, std::min(step_v, rr.last - rr.first), ps, *tr);
+  for (index_t t0 = rr.first; t0 < rr.last; t0 += step_v) {
+    index_t const nk = std::min(step_v, rr.last - t0), nn = std::min(step_v, rr.last - t0 - nk);
+    if (nn > 0) gather_tile_rows(runs, &ri, t0 + nk, nn, ps, *tn);
+    if (nn > 0 && nn < step_v) {  // the last, shorter step: fetched all at once, as row_steps does
+      for (index_t j = 0; j < nn; ++j) {
+        prefetch_rows(tn->k[j] + hk * ps.k_head, 0, 1, p.head_dim);
+        prefetch_rows(tn->v[j] + hk * ps.v_head, 0, 1, p.value_dim);
       }
-      // This group's own visible union, clipped to the step; a whole next
-      // step is fetched among the loads.
-      row_rows<Tr> const& r = rr[u - u0];
-      index_t const a = std::max(t0, r.first), e = std::min(t0 + nk, r.last);
-      if (a < e)
-        paged_row_tile<Tr, Guard>(p, *tr, a - t0, enc, u / groups, r, a, e - a, sc, states(u),
-                                  fetch_v && nn == step_v ? tn : nullptr);
     }
+    paged_row_tile<Tr, Guard>(p, *tr, enc, hk, rr, t0, nk, ps, sc, st, nn == step_v ? tn : nullptr);
     std::swap(tr, tn);
   }
 }
@@ -291,7 +275,7 @@ void paged_lane_tiles(lane_item_context<Tr, E, KV, Q, O> const& c, lane_scratch<
 /// a 16-bit type: the scratch then holds a widened value tile as well).
 template <class T, class S, class Q, class O, class E>
 void run_paged_lanes(paged_work<T, S>& w, index_t entries, view<const Q> q, view<O> out, E const& enc,
-                     rotation_ids const* rots, index_t kstride, index_t vstride, int threads_requested) {
+                     rotation_ids const* rots, paged_strides const& ps, int threads_requested) {
   using Tr = fused_default_traits<T>;
   constexpr index_t bq_v = Tr::block_q_v;
   if (entries <= 0) return;
@@ -334,8 +318,8 @@ void run_paged_lanes(paged_work<T, S>& w, index_t entries, view<const Q> q, view
         paged_run<S> const& run = w.runs[static_cast<std::size_t>(ri)];
         key_range const part{std::max(span.first, run.j0), std::min(span.last, run.j1), false};
         if (part.empty()) continue;
-        view<const S> const k = chunk_view(run.k, run.j0, run.j1, p.kv_heads, p.head_dim, kstride);
-        view<const S> const v = chunk_view(run.v, run.j0, run.j1, p.kv_heads, p.value_dim, vstride);
+        view<const S> const k = chunk_view(run.k, run.j0, run.j1, p.kv_heads, p.head_dim, ps.k_token, ps.k_head);
+        view<const S> const v = chunk_view(run.v, run.j0, run.j1, p.kv_heads, p.value_dim, ps.v_token, ps.v_head);
         lane_item_context<Tr, E, S, Q, O> const cr{p, qb, k, v, ob, enc, rot, 0, hk, per_key, diagonal};
         paged_lane_tiles<Tr, decltype(guard)::value>(cr, sc, keys, nb, part, run.j0);
       }
@@ -350,11 +334,13 @@ void run_paged_lanes(paged_work<T, S>& w, index_t entries, view<const Q> q, view
 /// Hq, Dv) and the lse of each plan (plans 0 .. entries - 1 of `w`).
 /// `rots`: per entry, the rotation of its query rows done in the kernel
 /// (keys arrive rotated); null: q (entries, Sq, Hq, D) arrives rotated or
-/// needs no rotation. Key views: token strides `kstride`, `vstride`. Pages
-/// of S (T, or a 16-bit type widened in registers as loaded).
+/// needs no rotation. `ps`: the pages' strides. Pages of S (T, or a 16-bit
+/// type widened in registers as loaded). An item is (chunk, kv head, row
+/// group): each reads its own head's keys and values, as the contiguous
+/// kernel does over a head-major kv_cache.
 template <class T, class S, class Q, class O, class E>
 void run_paged(paged_work<T, S>& w, index_t entries, view<const Q> q, view<O> out, E const& enc,
-               rotation_ids const* rots, index_t kstride, index_t vstride, int threads_requested) {
+               rotation_ids const* rots, paged_strides const& ps, int threads_requested) {
   using Tr = fused_default_traits<T>;
   constexpr index_t rg_v = Tr::row_group_v;
   if (entries <= 0) return;
@@ -362,20 +348,14 @@ void run_paged(paged_work<T, S>& w, index_t entries, view<const Q> q, view<O> ou
   index_t const kv_heads = p0.kv_heads, group = p0.group, rows = p0.q_len * group, value_dim = p0.value_dim;
   index_t const head_dim = p0.head_dim;
   index_t const groups = (rows + rg_v - 1) / rg_v;
-  // Decode items walk every kv head of a chunk together (no Shaw terms, rows
-  // that fit the decode scratch); otherwise an item is (chunk, kv head, group).
-  bool const decode = !encoder_traits<E>::relative_key_value && groups <= Tr::max_decode_groups_v;
   int const threads = loop_threads(threads_requested);
   index_t const n_chunks = static_cast<index_t>(w.chunks.size());
   index_t const per_chunk = kv_heads * groups;  // row groups of a chunk
-  index_t const items = decode ? n_chunks : n_chunks * per_chunk;
-  index_t const query_rows = decode ? per_chunk * rg_v : rg_v;
-  index_t const per_thread = scratch_elements<row_scratch<Tr>>(head_dim, query_rows);
+  index_t const per_thread = scratch_elements<row_scratch<Tr>>(head_dim, rg_v);
   paged_work<T>::fit(w.scratch, per_thread * threads);
   index_t const state_rows = n_chunks * per_chunk * rg_v;
   paged_work<T>::fit(w.states, state_rows * (value_dim + 2));
-  if (w.rows.size() < static_cast<std::size_t>(per_chunk * threads))
-    w.rows.resize(static_cast<std::size_t>(per_chunk * threads));
+  if (w.rows.size() < static_cast<std::size_t>(threads)) w.rows.resize(static_cast<std::size_t>(threads));
   T* const ms = w.states.data();
   T* const ls = ms + state_rows;
   T* const os = ls + state_rows;
@@ -383,35 +363,24 @@ void run_paged(paged_work<T, S>& w, index_t entries, view<const Q> q, view<O> ou
     index_t const slot = ((c * kv_heads + hk) * groups + grp) * rg_v;
     return row_state<T>{ms + slot, ls + slot, os + slot * value_dim};
   };
-  auto entry_q = [&](index_t b) {
-    view<const Q> qb = q;
-    qb.data += b * q.batch_stride;
-    qb.batch = 1;
-    return qb;
-  };
-  // Partial states of every chunk.
-  parallel_for(items, threads, [&](index_t it) {
-    index_t const c = decode ? it : it / per_chunk;
+  // Partial states of every (chunk, kv head, row group).
+  parallel_for(n_chunks * per_chunk, threads, [&](index_t it) {
+    index_t const c = it / per_chunk, u = it % per_chunk;
     paged_chunk const& ch = w.chunks[static_cast<std::size_t>(c)];
     attention_plan<T> const& p = w.plans[static_cast<std::size_t>(ch.entry)];
     int const tid = std::min(thread_index(), threads - 1);
-    auto const sc = carve_scratch<row_scratch<Tr>>(w.scratch.data() + tid * per_thread, per_thread, head_dim,
-                                                   query_rows);
-    view<const Q> const qb = entry_q(ch.entry);
+    auto const sc = carve_scratch<row_scratch<Tr>>(w.scratch.data() + tid * per_thread, per_thread, head_dim, rg_v);
+    view<const Q> qb = q;
+    qb.data += ch.entry * q.batch_stride;
+    qb.batch = 1;
     rotation_ids const* const rot = rots ? rots + ch.entry : nullptr;
-    index_t const u0 = decode ? 0 : it % per_chunk, u1 = decode ? per_chunk : u0 + 1;
-    auto state_of = [&](index_t u) { return state_at(c, u / groups, u % groups); };
-    row_rows<Tr>* const rr = w.rows.data() + tid * per_chunk;
+    row_state<T> const st = state_at(c, u / groups, u % groups);
+    row_rows<Tr>& rr = w.rows[static_cast<std::size_t>(tid)];
     guarded_rerun([&](auto guard) {
-                    paged_item<Tr, decltype(guard)::value>(p, qb, w.runs.data(), ch, u0, u1, groups, kstride,
-                                                           vstride, enc, rot, sc, rr, state_of);
+                    paged_item<Tr, decltype(guard)::value>(p, qb, w.runs.data(), ch, u, groups, ps, enc, rot, sc,
+                                                           rr, st);
                   },
-                  [&] {
-                    bool finite = true;
-                    for (index_t u = u0; u < u1 && finite; ++u)
-                      finite = row_outputs_finite(state_of(u), rr[u - u0].n, value_dim);
-                    return finite;
-                  });
+                  [&] { return row_outputs_finite(st, rr.n, value_dim); });
   });
   // Merge the chunks of each (entry, kv head, group) and write the rows.
   parallel_for(entries * per_chunk, threads, [&](index_t it) {

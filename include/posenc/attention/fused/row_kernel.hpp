@@ -229,28 +229,18 @@ inline constexpr index_t decode_step_v =
     std::is_same_v<KV, typename Tr::value_type> || encoder_traits<E>::relative_key_value ? Tr::block_kv_v
                                                                                        : Tr::half_decode_step_v;
 
-/// Whether a walk over gathered pages (fused/paged.hpp) fetches the next
-/// step's rows in software as it goes: for 16-bit pages, whose walk the
-/// hardware prefetchers do not keep up with; not for float pages, whose
-/// whole-tile steps they follow (fetching made them slower:
-/// docs/performance.md). A head-major walk (row_item_tiles) always fetches.
-template <class Tr, class KV>
-inline constexpr bool decode_fetch_v = !std::is_same_v<KV, typename Tr::value_type>;
-
-/// Every step (decode_step_v keys) of rows [r0, r0 + ng) of (b, hk) over
-/// keys [j0, j1); `Guard` as in row_tile. A step followed by a whole one
-/// fetches that one's K and V rows among its own loads, line by line (a run
-/// of fetches before the step's arithmetic stalls it: docs/performance.md);
-/// the last, shorter step is fetched all at once. The steps are the decode
-/// walk's, laid from the first visible key: where the rows' keys start
-/// together, both walks give the same bits.
-template <class Tr, bool Guard, class T, class Q, class KV, class E>
-void row_item_tiles(attention_plan<T> const& p, view<const Q> q, view<const KV> k, view<const KV> v, E const& enc,
-                    index_t b, index_t hk, index_t r0, index_t ng, index_t j0, index_t j1, rotation_ids const* rot,
-                    row_scratch<Tr> const& sc, row_state<T> st) noexcept {
+/// Every step (decode_step_v keys) of the rows of rr (set up by row_begin)
+/// over their visible keys [rr.first, rr.last) of (b, hk); `Guard` as in
+/// row_tile. A step followed by a whole one fetches that one's K and V rows
+/// among its own loads, line by line (a run of fetches before the step's
+/// arithmetic stalls it: docs/performance.md); the last, shorter step is
+/// fetched all at once. The steps are the decode walk's, laid from the first
+/// visible key: where the rows' keys start together, both walks give the
+/// same bits; so does the walk over gathered pages (fused/paged.hpp).
+template <class Tr, bool Guard, class T, class KV, class E>
+void row_steps(attention_plan<T> const& p, view<const KV> k, view<const KV> v, E const& enc, index_t b, index_t hk,
+               row_rows<Tr> const& rr, rotation_ids const* rot, row_scratch<Tr> const& sc, row_state<T> st) noexcept {
   constexpr index_t bk_v = decode_step_v<Tr, KV, E>;
-  row_rows<Tr> rr;
-  row_begin<Tr>(p, q, enc, b, hk, r0, ng, j0, j1, rot, sc.qbuf, rr, st);
   for (index_t t0 = rr.first; t0 < rr.last; t0 += bk_v) {
     index_t const nk = std::min(bk_v, rr.last - t0), nn = std::min(bk_v, rr.last - t0 - nk);
     if (nn > 0 && nn < bk_v) {
@@ -259,6 +249,16 @@ void row_item_tiles(attention_plan<T> const& p, view<const Q> q, view<const KV> 
     }
     row_tile<Tr, Guard>(p, k, v, enc, b, hk, rr, t0, nk, rot, sc, st, nn == bk_v ? bk_v : 0);
   }
+}
+
+/// Rows [r0, r0 + ng) of (b, hk) over keys [j0, j1): the row setup, then row_steps.
+template <class Tr, bool Guard, class T, class Q, class KV, class E>
+void row_item_tiles(attention_plan<T> const& p, view<const Q> q, view<const KV> k, view<const KV> v, E const& enc,
+                    index_t b, index_t hk, index_t r0, index_t ng, index_t j0, index_t j1, rotation_ids const* rot,
+                    row_scratch<Tr> const& sc, row_state<T> st) noexcept {
+  row_rows<Tr> rr;
+  row_begin<Tr>(p, q, enc, b, hk, r0, ng, j0, j1, rot, sc.qbuf, rr, st);
+  row_steps<Tr, Guard>(p, k, v, enc, b, hk, rr, rot, sc, st);
 }
 
 /// Row kernel over rows [r0, r0 + ng) of (b, hk) and keys [j0, j1): leaves
