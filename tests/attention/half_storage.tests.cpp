@@ -240,6 +240,8 @@ std::vector<shape> shapes() {
   v.push_back({2, 5, 130, 4, 1, 64, 64, 2, 3, true});     // BHSD, MQA, two tiles and a tail
   v.push_back({2, 1, 130, 8, 2, 2 * W, 2 * W, 1, 2, true});  // BHSD decode (head by head), GQA 8/2
   v.push_back({1, 1, 77, 2, 2, W + 3, W, 0, 1, true});     // BHSD decode, one row per kv head, dims off the width
+  v.push_back({1, 1, 75, 3, 3, 5 * W + 3, 9 * W + 3, 1, 0, true});  // BHSD decode, one row per kv head, wide dims
+  v.push_back({2, 1, 66, 2, 2, 4 * W, 8 * W, 0, 0});       // decode, one row per kv head, dims of whole vector pairs
   v.push_back({1, 2, 70, 4, 2, W, W, 0, 0, true});         // BHSD, two query tokens: 4 rows per kv head
   v.push_back({1, 17, 63, 2, 2, W - 1, 2 * W + 1, 1, 0}); // prefill, just over a lane block of rows
   v.push_back({1, 3, 40, 2, 1, W, W});                    // prefill rows through the row kernel (6 < W)

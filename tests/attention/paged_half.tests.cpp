@@ -786,3 +786,104 @@ TEST_CASE("paged_kv_cache<half> and <bfloat16>: a bad 16-bit mask throws, nothin
   check_mask_errors<Eigen::half>("binary16");
   check_mask_errors<Eigen::bfloat16>("bfloat16");
 }
+
+namespace {
+
+/// One row per kv head (Hq == Hkv) and head dims over several vector widths,
+/// 5W + 2 for K and 9W + 3 for V: the decode row kernel's widest register
+/// blocks, the pair of vectors bfloat16 widens together on AVX-512, a single
+/// vector and a scalar tail, in both products. The paged decode (pages in one
+/// run, and each page its own run in a fragmented pool) equals the contiguous
+/// kv_cache<S> decode bit for bit (out and lse) on one thread, and both are
+/// within the tolerance rule of the double reference on the widened values.
+template <class S>
+void check_wide_one_row(char const* name) {
+  index_t const H = 3, Dk = 5 * W + 2, Dw = 9 * W + 3, L = 301;
+  std::vector<float> const k = random_vector<float>(static_cast<std::size_t>(L * H * Dk), 61, -2, 2);
+  std::vector<float> const v = random_vector<float>(static_cast<std::size_t>(L * H * Dw), 62);
+  std::vector<float> const q = random_vector<float>(static_cast<std::size_t>(H * Dk), 63, -2, 2);
+  auto keys = [&](index_t s, index_t n) { return posenc::make_bshd(k.data() + s * H * Dk, 1, n, H, Dk); };
+  auto values = [&](index_t s, index_t n) { return posenc::make_bshd(v.data() + s * H * Dw, 1, n, H, Dw); };
+  posenc::rope<float> rope(posenc::rope_layout::half_split, Dk);
+  rope.reserve(1024);
+  posenc::alibi<float> const alibi(posenc::alibi_form::paper, H);
+  auto run = [&](auto const& enc, char const* enc_name) {
+    posenc::kv_cache<S> flat(1, H, Dk, Dw);
+    flat.append(keys(0, L), values(0, L), enc);
+    for (bool fragmented : {false, true})
+      for (index_t page : {16, 7})
+        for (int threads : {1, 2}) {
+          INFO(name << ", " << enc_name << (fragmented ? ", fragmented pool" : ", one run") << ", page " << page
+                    << ", " << threads << " threads");
+          index_t const need = (L + page - 1) / page;
+          posenc::paged_kv_cache<S> cache(2 * need + 2, page, H, Dk, Dw);
+          if (fragmented) {  // every other page taken by a one-token filler, freed in between
+            std::vector<index_t> fillers;
+            for (index_t n = 0; n < cache.pages(); ++n) {
+              fillers.push_back(cache.add_sequence());
+              cache.append(fillers.back(), keys(0, 1), values(0, 1), enc);
+            }
+            for (index_t id : fillers)
+              if (cache.page_table(id)[0] % 2 == 0) cache.free(id);
+          }
+          index_t const id = cache.add_sequence();
+          cache.append(id, keys(0, L), values(0, L), enc);
+          auto const table = cache.page_table(id);
+          bool run_of_pages = true;
+          for (std::size_t p = 1; p < static_cast<std::size_t>(table.size()); ++p) run_of_pages = run_of_pages && table[p] == table[p - 1] + 1;
+          REQUIRE(run_of_pages != fragmented);
+          std::vector<float> want(static_cast<std::size_t>(H * Dw), 7.0f), got(want.size(), -7.0f);
+          std::vector<float> ref(want.size(), 5.0f), plain(want.size(), 3.0f);
+          std::vector<float> lse_want(static_cast<std::size_t>(H)), lse_got(lse_want.size());
+          posenc::attention_options<float> opt;
+          opt.causal = true;
+          opt.threads = threads;
+          opt.lse = lse_want.data();
+          auto const qv = posenc::make_bshd(q.data(), 1, 1, H, Dk);
+          posenc::attention<posenc::path::fused>(qv, flat, posenc::make_bshd(want.data(), 1, 1, H, Dw), enc, opt);
+          opt.lse = lse_got.data();
+          std::vector<index_t> const ids = {id};
+          posenc::attention<posenc::path::fused>(qv, cache, ids, posenc::make_bshd(got.data(), 1, 1, H, Dw), enc, opt);
+          if (threads == 1) {  // the same walk of the same keys (more threads may split a sequence otherwise)
+            CHECK(want == got);
+            CHECK(lse_want == lse_got);
+          }
+          // The double reference and the plain float implementation on the cached values, widened.
+          std::vector<float> kw(static_cast<std::size_t>(L * H * Dk)), vw(static_cast<std::size_t>(L * H * Dw));
+          for (index_t t = 0; t < L; ++t)
+            for (index_t h = 0; h < H; ++h) {
+              for (index_t d = 0; d < Dk; ++d)
+                kw[static_cast<std::size_t>((t * H + h) * Dk + d)] =
+                    posenc::detail::stored_value<float>(flat.keys()(0, t, h, d));
+              for (index_t d = 0; d < Dw; ++d)
+                vw[static_cast<std::size_t>((t * H + h) * Dw + d)] =
+                    posenc::detail::stored_value<float>(flat.values()(0, t, h, d));
+            }
+          posenc::attention_options<float> o;
+          o.causal = true;
+          o.keys_rotated = flat.keys_rotated();
+          o.q_positions = posenc::position_span(L - 1);
+          auto const kv = posenc::make_bshd<const float>(kw.data(), 1, L, H, Dk);
+          auto const vv = posenc::make_bshd<const float>(vw.data(), 1, L, H, Dw);
+          posenc::attention<posenc::path::reference>(qv, kv, vv, posenc::make_bshd(ref.data(), 1, 1, H, Dw), enc, o);
+          posenc::attention<posenc_test::plain_path>(qv, kv, vv, posenc::make_bshd(plain.data(), 1, 1, H, Dw), enc, o);
+          auto const r = posenc_test::within_tolerance(want, ref, plain, 1e-6);
+          auto const rp = posenc_test::within_tolerance(got, ref, plain, 1e-6);
+          INFO("vs the reference on the widened values: contiguous " << r.describe() << "; paged " << rp.describe());
+          CHECK(r.ok);
+          CHECK(rp.ok);
+        }
+  };
+  run(posenc::none{}, "none");
+  run(rope, "rope");
+  run(alibi, "alibi");
+}
+
+}  // namespace
+
+TEST_CASE("paged_kv_cache<half> and <bfloat16>: one row per kv head, head dims over several vector widths: pages "
+          "equal the contiguous cache bit for bit on one thread, and both the reference",
+          "[paged][half]") {
+  check_wide_one_row<Eigen::half>("binary16");
+  check_wide_one_row<Eigen::bfloat16>("bfloat16");
+}

@@ -393,6 +393,64 @@ void check_half_format() {
     }
   }
   CHECK(store_bad == 0);
+
+  // load_widen_pair: 2 x W values widened exactly, in the order pair_order puts
+  // two batches of consecutive floats in; pair_unorder undoes it. Every
+  // encoding (NaN, Inf, subnormals included), at odd addresses.
+  std::vector<float> a_lanes(static_cast<std::size_t>(W)), b_lanes(static_cast<std::size_t>(W));
+  std::vector<float> wide(static_cast<std::size_t>(2 * W));
+  std::size_t pair_bad = 0, order_bad = 0, unorder_bad = 0;
+  for (std::size_t at = 1; at + static_cast<std::size_t>(2 * W) <= all.size(); at += static_cast<std::size_t>(2 * W)) {
+    for (posenc::index_t i = 0; i < 2 * W; ++i)
+      wide[static_cast<std::size_t>(i)] = simd::widen<F>(all[at + static_cast<std::size_t>(i)]);
+    simd::batch<float> pa, pb;
+    simd::load_widen_pair<F>(all.data() + at, pa, pb);
+    simd::batch<float> oa = simd::load(wide.data()), ob = simd::load(wide.data() + W);
+    simd::pair_order<F>(oa, ob);
+    auto same = [](float g, float w) { return std::isnan(w) ? std::isnan(g) : float_bits(g) == float_bits(w); };
+    pa.store_unaligned(a_lanes.data());
+    pb.store_unaligned(b_lanes.data());
+    std::vector<float> got(a_lanes);
+    got.insert(got.end(), b_lanes.begin(), b_lanes.end());
+    oa.store_unaligned(a_lanes.data());
+    ob.store_unaligned(b_lanes.data());
+    std::vector<float> ordered(a_lanes);
+    ordered.insert(ordered.end(), b_lanes.begin(), b_lanes.end());
+    // The pair order is a permutation of the 2 W values: its multiset is theirs
+    // (each value found once; a NaN matches a NaN: the vector conversion may
+    // quiet it), and order and load agree lane for lane.
+    std::vector<bool> used(static_cast<std::size_t>(2 * W), false);
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      pair_bad += same(got[i], ordered[i]) ? 0 : 1;
+      bool found = false;
+      for (std::size_t k = 0; k < wide.size() && !found; ++k)
+        if (!used[k] && same(got[i], wide[k])) used[k] = found = true;
+      order_bad += found ? 0 : 1;
+    }
+    simd::pair_unorder<F>(oa, ob);
+    oa.store_unaligned(a_lanes.data());
+    ob.store_unaligned(b_lanes.data());
+    for (posenc::index_t i = 0; i < W; ++i) {
+      unorder_bad += float_bits(a_lanes[static_cast<std::size_t>(i)]) == float_bits(wide[static_cast<std::size_t>(i)]) ? 0 : 1;
+      unorder_bad += float_bits(b_lanes[static_cast<std::size_t>(i)]) == float_bits(wide[static_cast<std::size_t>(W + i)]) ? 0 : 1;
+    }
+  }
+  CHECK(pair_bad == 0);
+  CHECK(order_bad == 0);
+  CHECK(unorder_bad == 0);
+  // Where the order is the shim's own, it is the documented one: even, then odd elements.
+  if constexpr (simd::widen_pair_permutes_v<F>) {
+    std::vector<float> seq(static_cast<std::size_t>(2 * W));
+    for (std::size_t i = 0; i < seq.size(); ++i) seq[i] = static_cast<float>(i);
+    simd::batch<float> ea = simd::load(seq.data()), eb = simd::load(seq.data() + W);
+    simd::pair_order<F>(ea, eb);
+    ea.store_unaligned(a_lanes.data());
+    eb.store_unaligned(b_lanes.data());
+    for (posenc::index_t i = 0; i < W; ++i) {
+      CHECK(a_lanes[static_cast<std::size_t>(i)] == static_cast<float>(2 * i));
+      CHECK(b_lanes[static_cast<std::size_t>(i)] == static_cast<float>(2 * i + 1));
+    }
+  }
 }
 
 }  // namespace

@@ -471,6 +471,70 @@ inline void store_narrow(std::uint16_t* p, batch<float, Arch> const& b) noexcept
   for (std::size_t i = 0; i < batch<float, Arch>::size; ++i) p[i] = narrow<F>(buf[i]);
 }
 
+/// True when load_widen_pair hands out its 2 x width values in an order of
+/// its own (bfloat16 with AVX-512: even elements, then odd ones), false when
+/// it gives two load_widen of consecutive halves. A kernel that sums over the
+/// dims (q.k) or adds whole rows (o += p v) may work in that order as long as
+/// its other operand is put in the same order (pair_order) and its result back
+/// (pair_unorder).
+template <half_format F, class Arch = default_arch>
+inline constexpr bool widen_pair_permutes_v =
+#if defined(__AVX512F__)
+    F == half_format::bfloat16 && std::is_base_of<xsimd::avx512f, Arch>::value;
+#else
+    false;
+#endif
+
+/// 2 x width<float, Arch> values of format F from p (unaligned), widened to
+/// float as a and b: a = p[0, w), b = p[w, 2w), or, when widen_pair_permutes_v,
+/// a = the even elements p[0], p[2], ... and b = the odd ones, each one
+/// integer shift or mask of one 64-byte load (load_widen takes a cross-lane
+/// zero extension and a shift per 16 values).
+template <half_format F, class Arch = default_arch>
+POSENC_ALWAYS_INLINE void load_widen_pair(std::uint16_t const* p, batch<float, Arch>& a, batch<float, Arch>& b) noexcept {
+#if defined(__AVX512F__)
+  if constexpr (widen_pair_permutes_v<F, Arch>) {
+    __m512i const x = _mm512_loadu_si512(p);
+    a = batch<float, Arch>(_mm512_castsi512_ps(_mm512_slli_epi32(x, 16)));
+    b = batch<float, Arch>(_mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32(static_cast<int>(0xffff0000u)))));
+    return;
+  }
+#endif
+  a = load_widen<F, Arch>(p);
+  b = load_widen<F, Arch>(p + batch<float, Arch>::size);
+}
+
+/// Puts two float batches holding 2 x width consecutive values (a the first
+/// half) into load_widen_pair's order (nothing when it keeps their order).
+template <half_format F, class Arch = default_arch>
+POSENC_ALWAYS_INLINE void pair_order(batch<float, Arch>& a, batch<float, Arch>& b) noexcept {
+#if defined(__AVX512F__)
+  if constexpr (widen_pair_permutes_v<F, Arch>) {
+    __m512i const even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    __m512i const odd = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+    __m512 const x = a, y = b;
+    a = batch<float, Arch>(_mm512_permutex2var_ps(x, even, y));
+    b = batch<float, Arch>(_mm512_permutex2var_ps(x, odd, y));
+  }
+#endif
+  (void)a, (void)b;
+}
+
+/// The inverse of pair_order: back to a = the first width values, b = the next.
+template <half_format F, class Arch = default_arch>
+POSENC_ALWAYS_INLINE void pair_unorder(batch<float, Arch>& a, batch<float, Arch>& b) noexcept {
+#if defined(__AVX512F__)
+  if constexpr (widen_pair_permutes_v<F, Arch>) {
+    __m512i const first = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    __m512i const second = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
+    __m512 const x = a, y = b;
+    a = batch<float, Arch>(_mm512_permutex2var_ps(x, first, y));
+    b = batch<float, Arch>(_mm512_permutex2var_ps(x, second, y));
+  }
+#endif
+  (void)a, (void)b;
+}
+
 /// Loads n < width lanes of format F, the rest zero (converted as load_widen does).
 template <half_format F, class Arch = default_arch>
 inline batch<float, Arch> load_widen_partial(std::uint16_t const* p, index_t n) noexcept {

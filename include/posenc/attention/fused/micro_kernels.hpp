@@ -192,6 +192,8 @@ inline void row_scores(typename Tr::value_type const* const* qr, KS const* k, in
   using A = typename Tr::arch;
   constexpr index_t w_v = Tr::width_v;
   constexpr int kj_v = register_block<Tr>(NG + 1, 2, w_v);
+  constexpr bool pairs_v = pairs_permuted_v<T, A, KS> && NG == 1;  // see pairs_permuted_v
+  index_t const dim_p = pairs_v ? head_dim / (2 * w_v) * (2 * w_v) : 0;
   index_t const dim_w = head_dim / w_v * w_v;
   alignas(64) T part[size_v<NG>][size_v<w_v>][size_v<w_v>];  // part[g][key][lane]: partial sums of w_v keys
   for (index_t j0 = 0; j0 < nk; j0 += w_v) {
@@ -203,7 +205,20 @@ inline void row_scores(typename Tr::value_type const* const* qr, KS const* k, in
         kr[t] = k + std::min(j0 + jj + t, nk - 1) * ldk;  // past the tile: a repeat, discarded
         for (int g = 0; g < NG; ++g) acc[g][t] = B(T(0));
       }
-      for (index_t d = 0; d < dim_w; d += w_v) {
+      if constexpr (pairs_v) {  // the dims in load_stored_pair's order, q put in it
+        for (index_t d = 0; d < dim_p; d += 2 * w_v) {
+          B ka[size_v<kj_v>], kb[size_v<kj_v>];
+          for (int t = 0; t < kj_v; ++t) load_stored_pair<T, A>(kr[t] + d, ka[t], kb[t]);
+          if constexpr (Fetch) {
+            if (d % line_elements_v<KS> == 0)
+              for (int t = 0; t < kj_v; ++t) fetch_line(kr[t] + d + ahead);
+          }
+          B qa = simd::load<T, A>(qr[0] + d), qb = simd::load<T, A>(qr[0] + d + w_v);
+          order_pair<T, A, KS>(qa, qb);
+          for (int t = 0; t < kj_v; ++t) acc[0][t] = simd::fma(qb, kb[t], simd::fma(qa, ka[t], acc[0][t]));
+        }
+      }
+      for (index_t d = dim_p; d < dim_w; d += w_v) {
         B kv[size_v<kj_v>];
         for (int t = 0; t < kj_v; ++t) kv[t] = load_stored<T, A>(kr[t] + d);
         if constexpr (Fetch) {
@@ -259,8 +274,39 @@ inline void row_values(typename Tr::value_type const* const* pr, typename Tr::va
   using A = typename Tr::arch;
   constexpr index_t w_v = Tr::width_v;
   constexpr int cw_v = register_block<Tr>(NG, NG + 2, 8);
+  // One row (NG == 1) over V with a pair order of its own: o put in that
+  // order as it is loaded, and back as it is stored.
+  auto paired_chunk = [&](index_t d, auto cw) {
+    constexpr int C = decltype(cw)::value;
+    B acc[size_v<C>];
+    for (int c = 0; c < C; ++c) acc[c] = simd::load<T, A>(o + d + c * w_v);
+    for (int c = 0; c < C; c += 2) order_pair<T, A, VS>(acc[c], acc[c + 1]);
+    for (int c = 0; c < C; ++c) acc[c] = acc[c] * B(alpha[0]);
+    for (index_t j = 0; j < nk; ++j) {
+      VS const* vj = v + j * ldv + d;
+      T const p = pr[0][j];
+      B const pj(p);
+      for (int c = 0; c < C; c += 2) {
+        B va, vb;
+        load_stored_pair<T, A>(vj + c * w_v, va, vb);
+        if constexpr (Fetch) {
+          if ((d + c * w_v) % line_elements_v<VS> == 0) fetch_line(vj + c * w_v + ahead);
+        }
+        if (!Guarded || p != T(0)) {
+          acc[c] = simd::fma(pj, va, acc[c]);
+          acc[c + 1] = simd::fma(pj, vb, acc[c + 1]);
+        }
+      }
+    }
+    for (int c = 0; c < C; c += 2) unorder_pair<T, A, VS>(acc[c], acc[c + 1]);
+    for (int c = 0; c < C; ++c) simd::store(o + d + c * w_v, acc[c]);
+  };
   auto chunk = [&](index_t d, auto cw) {
     constexpr int C = decltype(cw)::value;
+    if constexpr (pairs_permuted_v<T, A, VS> && NG == 1 && C % 2 == 0) {  // see pairs_permuted_v
+      paired_chunk(d, cw);
+      return;
+    }
     B acc[size_v<NG>][size_v<C>];
     for (int g = 0; g < NG; ++g)
       for (int c = 0; c < C; ++c) acc[g][c] = simd::load<T, A>(o + g * value_dim + d + c * w_v) * B(alpha[g]);
@@ -320,6 +366,8 @@ inline void row_scores_of(typename Tr::value_type const* const* qr, Rows const& 
   using A = typename Tr::arch;
   constexpr index_t w_v = Tr::width_v;
   constexpr int kj_v = register_block<Tr>(NG + 1, 2, w_v);
+  constexpr bool pairs_v = pairs_permuted_v<T, A, KS> && NG == 1;  // see pairs_permuted_v
+  index_t const dim_p = pairs_v ? head_dim / (2 * w_v) * (2 * w_v) : 0;
   index_t const dim_w = head_dim / w_v * w_v;
   alignas(64) T part[size_v<NG>][size_v<w_v>][size_v<w_v>];  // part[g][key][lane]: partial sums of w_v keys
   for (index_t j0 = 0; j0 < nk; j0 += w_v) {
@@ -334,7 +382,20 @@ inline void row_scores_of(typename Tr::value_type const* const* qr, Rows const& 
         kn[t] = Fetch ? (*ahead)(j) : nullptr;
         for (int g = 0; g < NG; ++g) acc[g][t] = B(T(0));
       }
-      for (index_t d = 0; d < dim_w; d += w_v) {
+      if constexpr (pairs_v) {  // the dims in load_stored_pair's order, q put in it
+        for (index_t d = 0; d < dim_p; d += 2 * w_v) {
+          B ka[size_v<kj_v>], kb[size_v<kj_v>];
+          for (int t = 0; t < kj_v; ++t) load_stored_pair<T, A>(kr[t] + d, ka[t], kb[t]);
+          if constexpr (Fetch) {
+            if (d % line_elements_v<KS> == 0)
+              for (int t = 0; t < kj_v; ++t) fetch_line(kn[t] + d);
+          }
+          B qa = simd::load<T, A>(qr[0] + d), qb = simd::load<T, A>(qr[0] + d + w_v);
+          order_pair<T, A, KS>(qa, qb);
+          for (int t = 0; t < kj_v; ++t) acc[0][t] = simd::fma(qb, kb[t], simd::fma(qa, ka[t], acc[0][t]));
+        }
+      }
+      for (index_t d = dim_p; d < dim_w; d += w_v) {
         B kv[size_v<kj_v>];
         for (int t = 0; t < kj_v; ++t) kv[t] = load_stored<T, A>(kr[t] + d);
         if constexpr (Fetch) {
@@ -389,8 +450,40 @@ inline void row_values_of(typename Tr::value_type const* const* pr, typename Tr:
   using A = typename Tr::arch;
   constexpr index_t w_v = Tr::width_v;
   constexpr int cw_v = register_block<Tr>(NG, NG + 2, 8);
+  // One row (NG == 1) over V with a pair order of its own: o put in that
+  // order as it is loaded, and back as it is stored.
+  auto paired_chunk = [&](index_t d, auto cw) {
+    constexpr int C = decltype(cw)::value;
+    B acc[size_v<C>];
+    for (int c = 0; c < C; ++c) acc[c] = simd::load<T, A>(o + d + c * w_v);
+    for (int c = 0; c < C; c += 2) order_pair<T, A, VS>(acc[c], acc[c + 1]);
+    for (int c = 0; c < C; ++c) acc[c] = acc[c] * B(alpha[0]);
+    for (index_t j = 0; j < nk; ++j) {
+      VS const* vj = vrow(j) + d;
+      [[maybe_unused]] VS const* vn = Fetch ? (*ahead)(j) + d : nullptr;
+      T const p = pr[0][j];
+      B const pj(p);
+      for (int c = 0; c < C; c += 2) {
+        B va, vb;
+        load_stored_pair<T, A>(vj + c * w_v, va, vb);
+        if constexpr (Fetch) {
+          if ((d + c * w_v) % line_elements_v<VS> == 0) fetch_line(vn + c * w_v);
+        }
+        if (!Guarded || p != T(0)) {
+          acc[c] = simd::fma(pj, va, acc[c]);
+          acc[c + 1] = simd::fma(pj, vb, acc[c + 1]);
+        }
+      }
+    }
+    for (int c = 0; c < C; c += 2) unorder_pair<T, A, VS>(acc[c], acc[c + 1]);
+    for (int c = 0; c < C; ++c) simd::store(o + d + c * w_v, acc[c]);
+  };
   auto chunk = [&](index_t d, auto cw) {
     constexpr int C = decltype(cw)::value;
+    if constexpr (pairs_permuted_v<T, A, VS> && NG == 1 && C % 2 == 0) {  // see pairs_permuted_v
+      paired_chunk(d, cw);
+      return;
+    }
     B acc[size_v<NG>][size_v<C>];
     for (int g = 0; g < NG; ++g)
       for (int c = 0; c < C; ++c) acc[g][c] = simd::load<T, A>(o + g * value_dim + d + c * w_v) * B(alpha[g]);

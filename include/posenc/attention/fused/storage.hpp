@@ -33,6 +33,41 @@ POSENC_ALWAYS_INLINE simd::batch<T, A> load_stored(S const* p) noexcept {
   }
 }
 
+/// True when K or V rows of storage type S are widened two vectors at a time
+/// in an order of their own (simd::widen_pair_permutes_v: bfloat16 with
+/// AVX-512, one shift or mask per 16 values instead of a cross-lane zero
+/// extension and a shift). The row micro-kernels take that form for one row
+/// per kv head (NG == 1), putting q, or the output, in the pair order once per
+/// 8 keys or per step; with several rows the permutes cost more than the
+/// widening saves (GQA 32 / 8: 1.6 against 1.4 ms, docs/performance.md).
+template <class T, class A, class S>
+inline constexpr bool pairs_permuted_v = [] {
+  if constexpr (std::is_same_v<T, float> && is_half_storage_v<S>)
+    return simd::widen_pair_permutes_v<half_format_of_v<S>, A>;
+  else
+    return false;
+}();
+
+/// 2 x width<T, A> elements of the 16-bit storage type S at p as two batches
+/// of float, in simd::load_widen_pair's order.
+template <class T, class A, class S>
+POSENC_ALWAYS_INLINE void load_stored_pair(S const* p, simd::batch<T, A>& a, simd::batch<T, A>& b) noexcept {
+  static_assert(std::is_same_v<T, float> && is_half_storage_v<S>,
+                "posenc::fused: load_stored_pair widens 16-bit K and V into float");
+  simd::load_widen_pair<half_format_of_v<S>, A>(half_bits(p), a, b);
+}
+
+/// Two float batches of consecutive values put into load_stored_pair's order
+/// for S (order_pair) and back (unorder_pair).
+template <class T, class A, class S>
+POSENC_ALWAYS_INLINE void order_pair(simd::batch<T, A>& a, simd::batch<T, A>& b) noexcept {
+  simd::pair_order<half_format_of_v<S>, A>(a, b);
+}
+template <class T, class A, class S>
+POSENC_ALWAYS_INLINE void unorder_pair(simd::batch<T, A>& a, simd::batch<T, A>& b) noexcept {
+  simd::pair_unorder<half_format_of_v<S>, A>(a, b);
+}
+
 /// Widens `rows` rows of `cols` 16-bit elements of S (`ld` apart) into T rows
 /// `ldd` apart at dst: one simd::load_widen per vector, the tail partial.
 template <class T, class A, class S>
