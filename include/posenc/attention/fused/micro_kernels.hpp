@@ -275,7 +275,9 @@ inline void row_values(typename Tr::value_type const* const* pr, typename Tr::va
   constexpr index_t w_v = Tr::width_v;
   constexpr int cw_v = register_block<Tr>(NG, NG + 2, 8);
   // One row (NG == 1) over V with a pair order of its own: o put in that
-  // order as it is loaded, and back as it is stored.
+  // order as it is loaded, and back as it is stored. (Written here and in
+  // row_values_of: moved out of `chunk`, GCC calls `chunk` out of line for
+  // several rows, 7 to 14% slower 16-bit GQA decode; docs/performance.md.)
   auto paired_chunk = [&](index_t d, auto cw) {
     constexpr int C = decltype(cw)::value;
     B acc[size_v<C>];
@@ -451,7 +453,9 @@ inline void row_values_of(typename Tr::value_type const* const* pr, typename Tr:
   constexpr index_t w_v = Tr::width_v;
   constexpr int cw_v = register_block<Tr>(NG, NG + 2, 8);
   // One row (NG == 1) over V with a pair order of its own: o put in that
-  // order as it is loaded, and back as it is stored.
+  // order as it is loaded, and back as it is stored. (Written here and in
+  // row_values_of: moved out of `chunk`, GCC calls `chunk` out of line for
+  // several rows, 7 to 14% slower 16-bit GQA decode; docs/performance.md.)
   auto paired_chunk = [&](index_t d, auto cw) {
     constexpr int C = decltype(cw)::value;
     B acc[size_v<C>];
