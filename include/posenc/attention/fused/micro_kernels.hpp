@@ -180,9 +180,9 @@ POSENC_ALWAYS_INLINE void value_micro(typename Tr::value_type const* v, index_t 
 /// the partial sums of width keys are then reduced together by one
 /// width x width transpose instead of a horizontal sum per key. K rows are
 /// of storage type KS (T, or a 16-bit type widened as loaded).
-/// `Fetch`: row j + `ahead` elements (the same row of the next step) is
-/// fetched line by line as row j is loaded, so that the next step's reads
-/// are spread among this step's arithmetic.
+/// `Fetch`: the row `ahead` elements on from row j (a row further on in the
+/// walk, row_steps) is fetched line by line as row j is loaded, so that the
+/// walk's reads are spread among its arithmetic.
 template <class Tr, int NG, bool Fetch = false, class KS>
 inline void row_scores(typename Tr::value_type const* const* qr, KS const* k, index_t ldk,
                        index_t nk, index_t head_dim, typename Tr::value_type* const* s,
@@ -263,8 +263,8 @@ inline void row_scores(typename Tr::value_type const* const* qr, KS const* k, in
 /// cw_v * NG accumulators of a chunk stay in registers across the keys.
 /// `Guarded`: keys with p_g[j] = 0 add nothing, even when v_j is NaN or Inf.
 /// V rows are of storage type VS (T, or a 16-bit type widened as loaded).
-/// `Fetch`: the same row of the next step, `ahead` elements on, is fetched as
-/// in row_scores.
+/// `Fetch`: the row `ahead` elements on from row j is fetched as in
+/// row_scores.
 template <class Tr, int NG, bool Guarded = false, bool Fetch = false, class VS>
 inline void row_values(typename Tr::value_type const* const* pr, typename Tr::value_type const* alpha,
                        VS const* v, index_t ldv, index_t nk, index_t value_dim,
@@ -377,7 +377,7 @@ inline void row_scores_of(typename Tr::value_type const* const* qr, Rows const& 
     for (index_t jj = 0; jj < n; jj += kj_v) {
       B acc[size_v<NG>][size_v<kj_v>];
       KS const* kr[size_v<kj_v>];
-      KS const* kn[size_v<kj_v>];  // the same rows of the next step (with `ahead`)
+      KS const* kn[size_v<kj_v>];  // the rows listed in `ahead` (with Fetch)
       for (int t = 0; t < kj_v; ++t) {
         index_t const j = std::min(j0 + jj + t, nk - 1);  // past the tile: a repeat, discarded
         kr[t] = krow(j);
@@ -454,7 +454,7 @@ inline void row_values_of(typename Tr::value_type const* const* pr, typename Tr:
   constexpr int cw_v = register_block<Tr>(NG, NG + 2, 8);
   // One row (NG == 1) over V with a pair order of its own: o put in that
   // order as it is loaded, and back as it is stored. (Written here and in
-  // row_values_of: moved out of `chunk`, GCC calls `chunk` out of line for
+  // row_values: moved out of `chunk`, GCC calls `chunk` out of line for
   // several rows, 7 to 14% slower 16-bit GQA decode; docs/performance.md.)
   auto paired_chunk = [&](index_t d, auto cw) {
     constexpr int C = decltype(cw)::value;
@@ -493,7 +493,7 @@ inline void row_values_of(typename Tr::value_type const* const* pr, typename Tr:
       for (int c = 0; c < C; ++c) acc[g][c] = simd::load<T, A>(o + g * value_dim + d + c * w_v) * B(alpha[g]);
     for (index_t j = 0; j < nk; ++j) {
       VS const* vj = vrow(j) + d;
-      [[maybe_unused]] VS const* vn = Fetch ? (*ahead)(j) + d : nullptr;  // the same row of the next step
+      [[maybe_unused]] VS const* vn = Fetch ? (*ahead)(j) + d : nullptr;  // the row listed in `ahead`
       B pj[size_v<NG>];
       for (int g = 0; g < NG; ++g) pj[g] = B(pr[g][j]);
       for (int c = 0; c < C; ++c) {

@@ -140,8 +140,10 @@ void row_logits(attention_plan<T> const& p, E const& enc, index_t b, row_rows<Tr
 /// nothing (0 * NaN would be NaN); see `guarded_rerun`.
 /// K and V are stored as KV: T, or a 16-bit type widened in registers as its
 /// rows are loaded (a tile rotated here is widened into the float key tile).
-/// `ahead` != 0: the rows `ahead` keys further on (the next step's, all in
-/// the views) are fetched line by line among this tile's loads (row_scores).
+/// `ahead` != 0 (only when a whole tile of nk keys follows this one, all in
+/// the views): the rows `ahead` keys further on are fetched line by line
+/// among this tile's loads (row_scores), or, when the tile is rotated here,
+/// the next tile's key rows all at once.
 template <class Tr, bool Guard, class T, class KV, class E>
 void row_tile(attention_plan<T> const& p, view<const KV> k, view<const KV> v, E const& enc, index_t b, index_t hk,
               row_rows<Tr> const& rr, index_t t0, index_t nk, rotation_ids const* rot, row_scratch<Tr> const& sc,
@@ -155,7 +157,7 @@ void row_tile(attention_plan<T> const& p, view<const KV> k, view<const KV> v, E 
   if (rot && rot->k) {
     // The key rows are read by the rotation, into scratch: fetch the next
     // ones here, all at once.
-    if (ahead != 0) prefetch_rows(kt + ahead_k, k.seq_stride, nk, head_dim);
+    if (ahead != 0) prefetch_rows(kt + nk * k.seq_stride, k.seq_stride, nk, head_dim);
     ahead_k = 0;
     rotate_key_tile(p, k, enc, *rot, b, hk, t0, nk, sc.ktile);
     if constexpr (std::is_same_v<KV, T>)
@@ -229,14 +231,31 @@ inline constexpr index_t decode_step_v =
     std::is_same_v<KV, typename Tr::value_type> || encoder_traits<E>::relative_key_value ? Tr::block_kv_v
                                                                                        : Tr::half_decode_step_v;
 
+/// How far ahead the head-by-head walk fetches for `rows` query rows, in
+/// keys: as row j of a step is loaded, row j + fetch_ahead(rows) is fetched.
+/// One row (one query per kv head) fetches a quarter of a step on (16 keys
+/// of a float step, 4 of a binary16 one): fetching a whole step ahead left
+/// that decode waiting on memory about as long as it computed, and on a
+/// Zen 4 core a quarter step took the binary16 kv_cache decode from 1.35-1.52
+/// to 1.04-1.13 times the read of its bytes (docs/performance.md). Several
+/// rows (GQA), whose steps compute longer, and rows loaded in pairs
+/// (bfloat16 on AVX-512, pairs_permuted_v) measured slower with it and fetch
+/// the next step.
+template <class Tr, class KV, class E>
+constexpr index_t fetch_ahead(index_t rows) noexcept {
+  constexpr index_t step_v = decode_step_v<Tr, KV, E>;
+  if (rows > 1 || pairs_permuted_v<typename Tr::value_type, typename Tr::arch, KV>) return step_v;
+  return std::max<index_t>(1, step_v / 4);
+}
+
 /// Every step (decode_step_v keys) of the rows of rr (set up by row_begin)
 /// over their visible keys [rr.first, rr.last) of (b, hk); `Guard` as in
-/// row_tile. A step followed by a whole one fetches that one's K and V rows
-/// among its own loads, line by line (a run of fetches before the step's
-/// arithmetic stalls it: docs/performance.md); the last, shorter step is
-/// fetched all at once. The steps are the decode walk's, laid from the first
-/// visible key: where the rows' keys start together, both walks give the
-/// same bits; so does the walk over gathered pages (fused/paged.hpp).
+/// row_tile. A step followed by a whole one fetches, among its own loads,
+/// line by line, the rows fetch_ahead keys on (a run of fetches before the
+/// step's arithmetic stalls it: docs/performance.md); the last, shorter
+/// step is fetched all at once. The steps are the decode walk's, laid from
+/// the first visible key: where the rows' keys start together, both walks
+/// give the same bits; so does the walk over gathered pages (fused/paged.hpp).
 template <class Tr, bool Guard, class T, class KV, class E>
 void row_steps(attention_plan<T> const& p, view<const KV> k, view<const KV> v, E const& enc, index_t b, index_t hk,
                row_rows<Tr> const& rr, rotation_ids const* rot, row_scratch<Tr> const& sc, row_state<T> st) noexcept {
@@ -247,7 +266,7 @@ void row_steps(attention_plan<T> const& p, view<const KV> k, view<const KV> v, E
       prefetch_rows(k.ptr(b, t0 + bk_v, hk), k.seq_stride, nn, p.head_dim);
       prefetch_rows(v.ptr(b, t0 + bk_v, hk), v.seq_stride, nn, p.value_dim);
     }
-    row_tile<Tr, Guard>(p, k, v, enc, b, hk, rr, t0, nk, rot, sc, st, nn == bk_v ? bk_v : 0);
+    row_tile<Tr, Guard>(p, k, v, enc, b, hk, rr, t0, nk, rot, sc, st, nn == bk_v ? fetch_ahead<Tr, KV, E>(rr.n) : 0);
   }
 }
 
