@@ -196,30 +196,44 @@ std::vector<S> const& rounded(std::string const& key, posenc::aligned_buffer<flo
   return h;
 }
 
-/// Prefill (Sq x Sk, no encoder) with float q and out and K and V stored in
-/// the 16-bit type S: the lane kernel widening each key and value tile once.
+/// Prefill (Sq x Sk, no encoder) with K and V stored in the 16-bit type S:
+/// the lane kernel widening each key and value tile once. q and out are float,
+/// or (`all_16_bit`) stored in S as well: each query block widened once as it
+/// is set up, each output row rounded once as it is finished.
 template <class S>
-void half_prefill_bench(benchmark::State& state, config c) {
+void half_prefill_bench(benchmark::State& state, config c, bool all_16_bit) {
   auto& q = random_floats("attention/q", static_cast<std::size_t>(c.Sq * c.Hq * c.D), 1);
+  auto const& q16 = rounded<S>("q", q);
   auto const& k = rounded<S>("k", random_floats("attention/k", static_cast<std::size_t>(c.Sk * c.Hkv * c.D), 2));
   auto const& v = rounded<S>("v", random_floats("attention/v", static_cast<std::size_t>(c.Sk * c.Hkv * c.D), 3));
   auto& out = posenc_bench::persistent_buffer<float>("attention/out", c.Sq * c.Hq * c.D, 0.0f);
-  auto qv = posenc::make_bshd<const float>(q.data(), 1, c.Sq, c.Hq, c.D);
+  static std::vector<S> out16;
+  out16.resize(static_cast<std::size_t>(c.Sq * c.Hq * c.D));
   auto kv = posenc::make_bshd<const S>(k.data(), 1, c.Sk, c.Hkv, c.D);
   auto vv = posenc::make_bshd<const S>(v.data(), 1, c.Sk, c.Hkv, c.D);
-  auto ov = posenc::make_bshd(out.data(), 1, c.Sq, c.Hq, c.D);
   posenc::attention_options<float> opt;
   opt.causal = c.causal;
   opt.threads = c.threads;
+  // Rows [first, first + rows) of q against every key, into the same rows of out.
+  auto call = [&](index_t first, index_t rows) {
+    index_t const at = first * c.Hq * c.D;
+    if (all_16_bit)
+      posenc::attention<posenc::path::fused>(posenc::make_bshd<const S>(q16.data() + at, 1, rows, c.Hq, c.D), kv,
+                                             vv, posenc::make_bshd(out16.data() + at, 1, rows, c.Hq, c.D),
+                                             posenc::none{}, opt);
+    else
+      posenc::attention<posenc::path::fused>(posenc::make_bshd<const float>(q.data() + at, 1, rows, c.Hq, c.D), kv,
+                                             vv, posenc::make_bshd(out.data() + at, 1, rows, c.Hq, c.D),
+                                             posenc::none{}, opt);
+  };
   {  // warm-up, untimed: the last 16 query rows against every key
-    index_t const rows = std::min<index_t>(c.Sq, 16), first = c.Sq - rows;
-    posenc::attention<posenc::path::fused>(
-        posenc::make_bshd<const float>(q.data() + first * c.Hq * c.D, 1, rows, c.Hq, c.D), kv, vv,
-        posenc::make_bshd(out.data() + first * c.Hq * c.D, 1, rows, c.Hq, c.D), posenc::none{}, opt);
+    index_t const rows = std::min<index_t>(c.Sq, 16);
+    call(c.Sq - rows, rows);
   }
   for (auto _ : state) {
-    posenc::attention<posenc::path::fused>(qv, kv, vv, ov, posenc::none{}, opt);
+    call(0, c.Sq);
     benchmark::DoNotOptimize(out.data());
+    benchmark::DoNotOptimize(out16.data());
     benchmark::ClobberMemory();
   }
   double const flops = 4.0 * static_cast<double>(c.D) * static_cast<double>(c.Hq) * visible_pairs(c);
@@ -438,16 +452,20 @@ int main(int argc, char** argv) {
                                  [c](benchmark::State& s) { cache_decode_bench<Eigen::bfloat16>(s, c); })
         ->Unit(benchmark::kMillisecond)->MinTime(0.3)->UseManualTime();
   }
-  // Prefill with K and V stored in 16 bits, beside the float fused rows of the same shape.
+  // Prefill with K and V (fused_kv_*) or q, K, V and out (fused_all_*) stored in
+  // 16 bits, beside the float fused rows of the same shape.
   for (index_t S : {1024, 4096})
   for (bool causal : {false, true}) {
     config const c{S, S, 8, 8, 128, causal, 1};
-    benchmark::RegisterBenchmark(name_of("fused_kv_f16", c).c_str(),
-                                 [c](benchmark::State& s) { half_prefill_bench<Eigen::half>(s, c); })
-        ->Unit(benchmark::kMillisecond)->MinTime(0.3)->UseRealTime();
-    benchmark::RegisterBenchmark(name_of("fused_kv_bf16", c).c_str(),
-                                 [c](benchmark::State& s) { half_prefill_bench<Eigen::bfloat16>(s, c); })
-        ->Unit(benchmark::kMillisecond)->MinTime(0.3)->UseRealTime();
+    for (bool all : {false, true}) {
+      std::string const tag = all ? "_all" : "_kv";
+      benchmark::RegisterBenchmark(name_of("fused" + tag + "_f16", c).c_str(),
+                                   [c, all](benchmark::State& s) { half_prefill_bench<Eigen::half>(s, c, all); })
+          ->Unit(benchmark::kMillisecond)->MinTime(0.3)->UseRealTime();
+      benchmark::RegisterBenchmark(name_of("fused" + tag + "_bf16", c).c_str(),
+                                   [c, all](benchmark::State& s) { half_prefill_bench<Eigen::bfloat16>(s, c, all); })
+          ->Unit(benchmark::kMillisecond)->MinTime(0.3)->UseRealTime();
+    }
   }
   // bfloat16 products (opt-in), beside the float fused rows of the same shape.
   for (index_t S : {1024, 4096})

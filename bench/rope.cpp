@@ -5,7 +5,8 @@
 // both layouts, no scaling and YaRN, and partial rotary 25% (r = 32); batch 1,
 // 1024 tokens, 8 + 8 heads, head_dim 64. Each on 1 and 2 threads. The same
 // rotations of 16-bit q and k ("rope_f16", "rope_bf16": widened, rotated in
-// float, rounded once) against an in-place stream of the same 16-bit bytes. The cos/sin
+// float, rounded once) against an in-place stream of the same 16-bit bytes and
+// against the conversion round trip of those bytes (x_convert). The cos/sin
 // table is reserved before timing (one row per token, shared by all heads);
 // "rows_per_call" variants compute the rows inside the call instead.
 // Baselines: stream_rmw (x = x * a + b over the same bytes) on 1 thread and,
@@ -64,11 +65,34 @@ void stream_pass(std::uint16_t* q, std::uint16_t* k, index_t seq, index_t row, i
   });
 }
 
+/// The least any rotation of 16-bit q and k executes: every vector of the
+/// same bytes widened to float and narrowed back in place (simd::load_widen,
+/// simd::store_narrow, the conversions the rotation uses), no arithmetic. The
+/// values come back unchanged. Split like the rotation.
+template <class E>
+void convert_pass(std::uint16_t* q, std::uint16_t* k, index_t seq, index_t row, int threads) noexcept {
+  namespace simd = posenc::simd;
+  constexpr auto f = posenc::detail::half_format_of_v<E>;
+  constexpr index_t w = simd::width<float>;
+  index_t const blocks = (seq + 15) / 16;
+  posenc::parallel_for(blocks, threads, [&](index_t b) noexcept {
+    index_t const first = b * 16 * row, m = std::min<index_t>(16, seq - b * 16) * row;
+    for (std::uint16_t* x : {q, k}) {
+      std::uint16_t* xp = x + first;
+      index_t i = 0;
+      for (; i + w <= m; i += w) simd::store_narrow<f>(xp + i, simd::load_widen<f>(xp + i));
+      for (; i < m; ++i) xp[i] = simd::narrow<f>(simd::widen<f>(xp[i]));
+    }
+  });
+}
+
 /// Times rotate_qk; every iteration is followed by a streaming pass over the
 /// same bytes on the same threads, and the counter `x_stream` is the ratio of
 /// the two summed times. Measured back to back, the ratio holds up when other
 /// processes load the machine, which a separate baseline run does not.
-/// E: the element type of q and k (float, Eigen::half or Eigen::bfloat16).
+/// E: the element type of q and k (float, Eigen::half or Eigen::bfloat16); a
+/// 16-bit case also runs convert_pass after the stream, and `x_convert` is
+/// rope time / the time of that conversion round trip.
 template <class E = float>
 void rope_case(benchmark::State& state, shape sh, posenc::rope_layout layout, bool yarn, index_t rotary_dim,
                int threads, bool reserve) {
@@ -98,7 +122,7 @@ void rope_case(benchmark::State& state, shape sh, posenc::rope_layout layout, bo
   rope.rotate_qk(qv, kv, posenc::position_span(0));
   stream_pass(q.data(), k.data(), sh.seq, sh.heads * sh.dim, threads);
   using clock = std::chrono::steady_clock;
-  double rope_s = 0, stream_s = 0;
+  double rope_s = 0, stream_s = 0, convert_s = 0;
   for (auto _ : state) {
     auto const t0 = clock::now();
     rope.rotate_qk(qv, kv, posenc::position_span(0));
@@ -113,11 +137,18 @@ void rope_case(benchmark::State& state, shape sh, posenc::rope_layout layout, bo
     double const r = std::chrono::duration<double>(t1 - t0).count();
     rope_s += r;
     stream_s += std::chrono::duration<double>(t2 - t1).count();
+    if constexpr (!std::is_same_v<E, float>) {
+      convert_pass<E>(q.data(), k.data(), sh.seq, sh.heads * sh.dim, threads);
+      benchmark::DoNotOptimize(q.data());
+      benchmark::ClobberMemory();
+      convert_s += std::chrono::duration<double>(clock::now() - t2).count();
+    }
     state.SetIterationTime(r);
   }
   state.SetBytesProcessed(state.iterations() * 2 * sh.bytes() * static_cast<std::int64_t>(sizeof(E)) /
                           static_cast<std::int64_t>(sizeof(float)));
   state.counters["x_stream"] = stream_s > 0 ? rope_s / stream_s : 0.0;
+  if (convert_s > 0) state.counters["x_convert"] = rope_s / convert_s;
 }
 
 /// The streaming baseline split like the rotation: tasks of 16 tokens over `threads` threads.
