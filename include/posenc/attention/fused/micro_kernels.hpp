@@ -175,18 +175,21 @@ POSENC_ALWAYS_INLINE void value_micro(typename Tr::value_type const* v, index_t 
 // ---------------------------------------------------------------------------
 // Row layout.
 
-/// s[j] = q . k_j for one query row and nk key rows stored as T (row j at
-/// krow(j)), each key row read whole before the next: in memory order, the
-/// order the hardware prefetchers follow. The q row stays in registers (8
-/// vectors at a time) and every key keeps one accumulator over its dims in
-/// ascending order, as row_scores's side-by-side form does, so both give
-/// the same bits; the sums of width keys are reduced by one transpose. Read
-/// side by side (8 rows, dim d of each, then d + width), the float kv_cache
-/// decode from memory took 1.3 to 1.6 times the read of its bytes on a Zen 4
-/// core; in memory order 1.07 to 1.23 (docs/performance.md).
+/// s[j] = q . k_j for one query row and nk key rows (row j at krow(j), of
+/// storage type KS: T, or a 16-bit type widened as loaded), each key row
+/// read whole before the next: in memory order, the order the hardware
+/// prefetchers follow. The q row stays in registers (8 vectors at a time,
+/// put in load_stored_pair's order where KS is loaded in pairs) and every
+/// key keeps one accumulator over its dims in ascending order, as
+/// row_scores's side-by-side form does, so both give the same bits; the
+/// sums of width keys are reduced by one transpose. Read side by side (8
+/// rows, dim d of each, then d + width), the kv_cache decodes from memory
+/// took 1.3 to 1.6 (float) and 1.3 to 1.4 (bfloat16) times the read of
+/// their bytes on a Zen 4 core; in memory order about 1.0 to 1.1
+/// (docs/performance.md).
 /// `Fetch`: as key row j is loaded, the line at the same offset of
 /// fetch_row(j) is fetched.
-template <class Tr, bool Fetch, class Rows, class FetchRows>
+template <class Tr, bool Fetch, class KS, class Rows, class FetchRows>
 inline void one_row_scores(typename Tr::value_type const* q, Rows const& krow, FetchRows const& fetch_row,
                            index_t nk, index_t head_dim, typename Tr::value_type* s) noexcept {
   using T = typename Tr::value_type;
@@ -194,6 +197,8 @@ inline void one_row_scores(typename Tr::value_type const* q, Rows const& krow, F
   using A = typename Tr::arch;
   constexpr index_t w_v = Tr::width_v;
   constexpr int qv_v = 8;  // q vectors held in registers
+  constexpr bool pairs_v = pairs_permuted_v<T, A, KS>;
+  index_t const dim_p = pairs_v ? head_dim / (2 * w_v) * (2 * w_v) : 0;
   index_t const dim_w = head_dim / w_v * w_v;
   alignas(64) T part[size_v<w_v>][size_v<w_v>];  // part[key][lane]: partial sums of w_v keys
   for (index_t j0 = 0; j0 < nk; j0 += w_v) {
@@ -201,15 +206,34 @@ inline void one_row_scores(typename Tr::value_type const* q, Rows const& krow, F
     for (index_t dc = 0; dc < dim_w; dc += qv_v * w_v) {
       auto dims = [&](index_t, auto nv) {  // dims [dc, dc + nv * w_v) of the n keys
         constexpr int nv_v = decltype(nv)::value;
+        bool const paired = pairs_v && dc + nv_v * w_v <= dim_p;
         B qv[size_v<nv_v>];
         for (int c = 0; c < nv_v; ++c) qv[c] = simd::load<T, A>(q + dc + c * w_v);
+        if constexpr (pairs_v && nv_v % 2 == 0) {
+          if (paired)
+            for (int c = 0; c < nv_v; c += 2) order_pair<T, A, KS>(qv[c], qv[c + 1]);
+        }
         for (index_t t = 0; t < n; ++t) {
-          T const* kr = krow(j0 + t) + dc;
+          KS const* kr = krow(j0 + t) + dc;
           B acc = dc == 0 ? B(T(0)) : simd::load<T, A>(part[t]);
+          if constexpr (pairs_v && nv_v % 2 == 0) {
+            if (paired) {
+              for (int c = 0; c < nv_v; c += 2) {
+                B ka, kb;
+                load_stored_pair<T, A>(kr + c * w_v, ka, kb);
+                if constexpr (Fetch) {
+                  if ((dc + c * w_v) % line_elements_v<KS> == 0) fetch_line(fetch_row(j0 + t) + dc + c * w_v);
+                }
+                acc = simd::fma(qv[c + 1], kb, simd::fma(qv[c], ka, acc));
+              }
+              simd::store(part[t], acc);
+              continue;
+            }
+          }
           for (int c = 0; c < nv_v; ++c) {
-            acc = simd::fma(qv[c], simd::load<T, A>(kr + c * w_v), acc);
+            acc = simd::fma(qv[c], load_stored<T, A>(kr + c * w_v), acc);
             if constexpr (Fetch) {
-              if ((dc + c * w_v) % line_elements_v<T> == 0) fetch_line(fetch_row(j0 + t) + dc + c * w_v);
+              if ((dc + c * w_v) % line_elements_v<KS> == 0) fetch_line(fetch_row(j0 + t) + dc + c * w_v);
             }
           }
           simd::store(part[t], acc);
@@ -227,7 +251,7 @@ inline void one_row_scores(typename Tr::value_type const* q, Rows const& krow, F
       for (index_t t = 0; t < w_v; ++t) {
         T x = 0;
         if (t < n)
-          for (index_t e = dim_w; e < head_dim; ++e) x = std::fma(q[e], krow(j0 + t)[e], x);
+          for (index_t e = dim_w; e < head_dim; ++e) x = std::fma(q[e], stored_value<T>(krow(j0 + t)[e]), x);
         tail[t] = x;
       }
       sum = sum + simd::load<T, A>(tail);
@@ -252,13 +276,13 @@ inline void row_scores(typename Tr::value_type const* const* qr, KS const* k, in
                        index_t nk, index_t head_dim, typename Tr::value_type* const* s,
                        index_t ahead = 0) noexcept {
   using T = typename Tr::value_type;
-  if constexpr (NG == 1 && std::is_same_v<KS, T>) {
-    // One row over rows of its own type laid end to end (a head-major cache,
-    // a page, a rotated tile): in memory order. Rows further apart (a
-    // token-major K, rows a whole token apart) measured slower that way and are read
-    // side by side below: the same bits either way.
+  if constexpr (NG == 1) {
+    // One row over rows laid end to end (a head-major cache, a page, a
+    // rotated tile): in memory order. Rows further apart (a token-major K,
+    // rows a whole token apart) measured slower that way and are read side
+    // by side below: the same bits either way.
     if (ldk == head_dim) {
-      one_row_scores<Tr, Fetch>(
+      one_row_scores<Tr, Fetch, KS>(
           qr[0], [&](index_t j) { return k + j * ldk; }, [&](index_t j) { return k + j * ldk + ahead; }, nk,
           head_dim, s[0]);
       return;
@@ -440,8 +464,8 @@ template <class Tr, int NG, class KS, bool Fetch = false, class Rows>
 inline void row_scores_of(typename Tr::value_type const* const* qr, Rows const& krow, index_t nk, index_t head_dim,
                           typename Tr::value_type* const* s, Rows const* ahead = nullptr) noexcept {
   using T = typename Tr::value_type;
-  if constexpr (NG == 1 && std::is_same_v<KS, T>) {  // as in row_scores
-    one_row_scores<Tr, Fetch>(
+  if constexpr (NG == 1) {  // as in row_scores
+    one_row_scores<Tr, Fetch, KS>(
         qr[0], krow, [&](index_t j) { return (*ahead)(j); }, nk, head_dim, s[0]);
     return;
   }

@@ -233,20 +233,18 @@ inline constexpr index_t decode_step_v =
 
 /// How far ahead the head-by-head walk fetches for `rows` query rows, in
 /// keys: as row j of a step is loaded, row j + fetch_ahead(rows) is fetched.
-/// One row (one query per kv head) fetches an eighth of a float step on (8
-/// keys: its key rows are read in memory order, one_row_scores) and a
-/// quarter of a 16-bit one (4 keys): fetching a whole step ahead left that
-/// decode waiting on memory about as long as it computed; on a Zen 4 core a
-/// quarter step took the binary16 kv_cache decode from 1.35-1.52 to
-/// 1.04-1.13 times the read of its bytes, and 8 keys measured at or below
-/// 4, 16, 32 and 64 for float (docs/performance.md). Several rows (GQA),
-/// whose steps compute longer, and rows loaded in pairs (bfloat16 on
-/// AVX-512, pairs_permuted_v) measured slower with it and fetch the next
-/// step.
+/// One row (one query per kv head, its key rows read in memory order:
+/// one_row_scores) fetches an eighth of a float step on (8 keys) and a
+/// quarter of a 16-bit one (4 keys). Fetching a whole step ahead left that
+/// decode waiting on memory about as long as it computed; on a Zen 4 core
+/// 8 keys measured at or below 2 to 64 for float, and 4 keys within the
+/// spread of 2 and 6 for both 16-bit types (docs/performance.md). Several
+/// rows (GQA), whose steps compute longer and read K side by side, measured
+/// slower with it and fetch the next step.
 template <class Tr, class KV, class E>
 constexpr index_t fetch_ahead(index_t rows) noexcept {
   constexpr index_t step_v = decode_step_v<Tr, KV, E>;
-  if (rows > 1 || pairs_permuted_v<typename Tr::value_type, typename Tr::arch, KV>) return step_v;
+  if (rows > 1) return step_v;
   if (std::is_same_v<KV, typename Tr::value_type>) return std::max<index_t>(1, step_v / 8);
   return std::max<index_t>(1, step_v / 4);
 }

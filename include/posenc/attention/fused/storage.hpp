@@ -38,7 +38,7 @@ POSENC_ALWAYS_INLINE simd::batch<T, A> load_stored(S const* p) noexcept {
 /// AVX-512, one shift or mask per 16 values instead of a cross-lane zero
 /// extension and a shift). The row micro-kernels take that form for one row
 /// per kv head (NG == 1), putting q, or the output, in the pair order once per
-/// 8 keys or per step; with several rows the permutes cost more than the
+/// 16 keys or per step; with several rows the permutes cost more than the
 /// widening saves (GQA 32 / 8: 1.6 against 1.4 ms, docs/performance.md).
 template <class T, class A, class S>
 inline constexpr bool pairs_permuted_v = [] {
