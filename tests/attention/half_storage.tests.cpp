@@ -697,3 +697,57 @@ TEST_CASE("16-bit K and V: bad arguments throw before anything is written", "[ha
   REQUIRE_THROWS_WITH(posenc::attention(pb.qv(), cache, o, rope),
                       posenc_test::contains("rotates_queries_keys is true, expected false"));
 }
+
+namespace {
+
+/// One query row over the key rows of a kv_cache (each head's rows laid end
+/// to end) is read in memory order, a row at a time; over token-major K and
+/// V (rows a whole token apart) side by side, 8 rows at a time. Both keep
+/// one sum per key over its dims in the same order (bfloat16: the dims in
+/// pairs of vectors, as loaded), so both give the same bits: head dims
+/// around the vector width, its pairs and the 8-vector chunks of the memory
+/// order, key counts around the width.
+template <class S>
+void check_row_orders(char const* format) {
+  index_t const Hkv = 2;
+  for (index_t D : {index_t{1}, index_t{3}, W, W + 3, 2 * W, 3 * W, 3 * W + 5, 4 * W, 5 * W, 7 * W, 8 * W, 9 * W,
+                    11 * W, 11 * W + 2})
+    for (index_t Sk : {index_t{1}, index_t{5}, W + 1, 3 * W + 7})
+      for (index_t group : {1, 2}) {
+        index_t const Hq = Hkv * group;
+        INFO(format << ": D " << D << ", Sk " << Sk << ", " << group << " query heads per kv head");
+        std::vector<float> const k = posenc_test::random_vector<float>(static_cast<std::size_t>(Sk * Hkv * D), 11, -2, 2);
+        std::vector<float> const v = posenc_test::random_vector<float>(static_cast<std::size_t>(Sk * Hkv * D), 12);
+        std::vector<float> const q = posenc_test::random_vector<float>(static_cast<std::size_t>(Hq * D), 13, -2, 2);
+        posenc::kv_cache<S> cache(1, Hkv, D);
+        cache.append(posenc::make_bshd(k.data(), 1, Sk, Hkv, D), posenc::make_bshd(v.data(), 1, Sk, Hkv, D),
+                     posenc::none{});
+        std::vector<S> kt(k.size()), vt(v.size());  // the cached values, token-major
+        for (index_t t = 0; t < Sk; ++t)
+          for (index_t h = 0; h < Hkv; ++h)
+            for (index_t d = 0; d < D; ++d) {
+              kt[static_cast<std::size_t>((t * Hkv + h) * D + d)] = cache.keys()(0, t, h, d);
+              vt[static_cast<std::size_t>((t * Hkv + h) * D + d)] = cache.values()(0, t, h, d);
+            }
+        auto const qv = posenc::make_bshd(q.data(), 1, 1, Hq, D);
+        std::vector<float> in_order(static_cast<std::size_t>(Hq * D), 7.0f), side(in_order.size(), -7.0f);
+        posenc::attention<posenc::path::fused>(qv, cache, posenc::make_bshd(in_order.data(), 1, 1, Hq, D),
+                                               posenc::none{});
+        posenc::attention<posenc::path::fused>(qv, posenc::make_bshd(static_cast<S const*>(kt.data()), 1, Sk, Hkv, D),
+                                               posenc::make_bshd(static_cast<S const*>(vt.data()), 1, Sk, Hkv, D),
+                                               posenc::make_bshd(side.data(), 1, 1, Hq, D), posenc::none{});
+        std::size_t differ = 0;
+        for (std::size_t i = 0; i < side.size(); ++i)
+          differ += std::memcmp(&in_order[i], &side[i], sizeof(float)) != 0 ? 1 : 0;
+        CHECK(differ == 0);
+      }
+}
+
+}  // namespace
+
+TEST_CASE("fused decode: key rows in memory order (kv_cache) and side by side (token-major) give the same bits",
+          "[half][kv_cache]") {
+  SECTION("float") { check_row_orders<float>("float"); }
+  SECTION("binary16") { check_row_orders<Eigen::half>("binary16"); }
+  SECTION("bfloat16") { check_row_orders<Eigen::bfloat16>("bfloat16"); }
+}

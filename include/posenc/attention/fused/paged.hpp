@@ -149,21 +149,21 @@ void paged_row_tile(attention_plan<T> const& p, paged_tile_rows<T, S> const& tr,
   // Scores of every row, each row's softmax update, then the values of every row.
   auto rows = [&](index_t, auto n) {
     constexpr int ng_v = decltype(n)::value;
-    if (ahead)
-      row_scores_of<Tr, ng_v, S, true>(rr.q, krow, nk, head_dim, sc.s, &kn);
+    if (ahead)  // rows of a page lie end to end
+      row_scores<Tr, ng_v, true>(rr.q, krow, kn, nk, head_dim, sc.s, true);
     else
-      row_scores_of<Tr, ng_v, S>(rr.q, krow, nk, head_dim, sc.s);
+      row_scores<Tr, ng_v, false>(rr.q, krow, krow, nk, head_dim, sc.s, true);
     T al[size_v<ng_v>];
     for (int g = 0; g < ng_v; ++g) {
       row_logits<Tr>(p, enc, 0, rr, g, t0, nk, sc.s[g], sc.tmp);
       al[g] = row_softmax_update<Tr>(sc.s[g], nk, st.m[g], st.l[g]);
     }
     if (guarded)  // rare (V not all finite): no fetch
-      row_values_of<Tr, ng_v, true, S>(sc.s, al, vrow, nk, value_dim, st.o);
+      row_values<Tr, ng_v, true, false>(sc.s, al, vrow, vrow, nk, value_dim, st.o);
     else if (ahead)
-      row_values_of<Tr, ng_v, false, S, true>(sc.s, al, vrow, nk, value_dim, st.o, &vn);
+      row_values<Tr, ng_v, false, true>(sc.s, al, vrow, vn, nk, value_dim, st.o);
     else
-      row_values_of<Tr, ng_v, false, S>(sc.s, al, vrow, nk, value_dim, st.o);
+      row_values<Tr, ng_v, false, false>(sc.s, al, vrow, vrow, nk, value_dim, st.o);
   };
   tail_block<Tr::row_group_v>(rr.n, 0, rows);
   if constexpr (encoder_traits<E>::relative_key_value)

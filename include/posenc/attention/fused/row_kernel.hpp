@@ -172,29 +172,28 @@ void row_tile(attention_plan<T> const& p, view<const KV> k, view<const KV> v, E 
   // row (each K and V row loaded once for all rows).
   auto rows = [&](index_t, auto n) {
     constexpr int ng_v = decltype(n)::value;
-    if constexpr (std::is_same_v<KV, T>) {
-      if (ahead_k != 0)
-        row_scores<Tr, ng_v, true>(rr.q, kt, ldk, nk, head_dim, sc.s, ahead_k);
-      else
-        row_scores<Tr, ng_v>(rr.q, kt, ldk, nk, head_dim, sc.s);
-    } else if (kw) {
-      row_scores<Tr, ng_v>(rr.q, kw, ldk, nk, head_dim, sc.s);
-    } else if (ahead_k != 0) {
-      row_scores<Tr, ng_v, true>(rr.q, kt, ldk, nk, head_dim, sc.s, ahead_k);
-    } else {
-      row_scores<Tr, ng_v>(rr.q, kt, ldk, nk, head_dim, sc.s);
-    }
+    bool const end_to_end = ldk == head_dim;
+    if (ahead_k != 0)
+      row_scores<Tr, ng_v, true>(rr.q, strided_rows<KV>{kt, ldk}, strided_rows<KV>{kt + ahead_k, ldk}, nk, head_dim,
+                                 sc.s, end_to_end);
+    else if (kw)  // 16-bit keys rotated here: the widened tile
+      row_scores<Tr, ng_v, false>(rr.q, strided_rows<T>{kw, ldk}, strided_rows<T>{kw, ldk}, nk, head_dim, sc.s,
+                                  end_to_end);
+    else
+      row_scores<Tr, ng_v, false>(rr.q, strided_rows<KV>{kt, ldk}, strided_rows<KV>{kt, ldk}, nk, head_dim, sc.s,
+                                  end_to_end);
     T al[size_v<ng_v>];
     for (int g = 0; g < ng_v; ++g) {
       row_logits<Tr>(p, enc, b, rr, g, t0, nk, sc.s[g], sc.tmp);
       al[g] = row_softmax_update<Tr>(sc.s[g], nk, st.m[g], st.l[g]);
     }
+    strided_rows<KV> const vr{vt, v.seq_stride}, vn{vt + ahead_v, v.seq_stride};
     if (guarded)  // rare (V not all finite): no fetch
-      row_values<Tr, ng_v, true>(sc.s, al, vt, v.seq_stride, nk, value_dim, st.o);
+      row_values<Tr, ng_v, true, false>(sc.s, al, vr, vr, nk, value_dim, st.o);
     else if (ahead_v != 0)
-      row_values<Tr, ng_v, false, true>(sc.s, al, vt, v.seq_stride, nk, value_dim, st.o, ahead_v);
+      row_values<Tr, ng_v, false, true>(sc.s, al, vr, vn, nk, value_dim, st.o);
     else
-      row_values<Tr, ng_v>(sc.s, al, vt, v.seq_stride, nk, value_dim, st.o);
+      row_values<Tr, ng_v, false, false>(sc.s, al, vr, vr, nk, value_dim, st.o);
   };
   tail_block<Tr::row_group_v>(rr.n, 0, rows);
   if constexpr (encoder_traits<E>::relative_key_value)
