@@ -32,6 +32,7 @@
 // May include: the fused/ rooms above it, attention/plan.hpp, core/.
 
 #include <algorithm>
+#include <cstddef>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -108,7 +109,7 @@ view<const S> chunk_view(S const* at_j0, index_t j0, index_t j1, index_t heads, 
 /// storage type S, steps of up to the compute type T's tile size.
 template <class T, class S = T>
 struct paged_tile_rows {
-  static constexpr index_t capacity_v = 2 * fused_default_traits<T>::block_kv_v;
+  static constexpr std::size_t capacity_v = 2 * static_cast<std::size_t>(fused_default_traits<T>::block_kv_v);
   S const* k[capacity_v];
   S const* v[capacity_v];
 };
