@@ -9,6 +9,7 @@
 //                   of K and V laid contiguously (what the page layout alone costs the memory system)
 //   x_stream     = paged batched decode time / time to read all its K and V once (a contiguous copy)
 //   x_read_pages = paged batched decode time / time to read the same K and V in place in their pages
+//   compact: x_copy = paged_kv_cache::compact() of a fragmented pool / memcpy of the bytes of the pages it moved
 //   x_contiguous (prefill) = causal prefill of a prompt over its pages / the same prefill on contiguous K and V
 //   16-bit decode (fp16, bf16), pages of Eigen::half / Eigen::bfloat16 read in place:
 //   x_contiguous = paged decode time / kv_cache<same type> decode time (same sequence)
@@ -22,6 +23,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -123,7 +125,7 @@ float read_once_16(S const* x, std::int64_t n, int threads) {
 }
 
 /// How the measured sequence's pages lie in the pool.
-enum class page_order { consecutive, scattered, after_frees, interleaved };
+enum class page_order { consecutive, scattered, compacted, after_frees, interleaved };
 
 /// Fragments a fresh pool: one-page sequences fill it, then those holding an
 /// even page are freed, so that every free page lies between used ones and a
@@ -144,7 +146,8 @@ void fragment_pool(posenc::paged_kv_cache<T>& paged, std::vector<float> const& k
 /// fragmented first (every page of the sequence its own run);
 /// `interleaved`: the sequence and another grow together, a page each in
 /// turn (as sequences of a decode batch do; the pool keeps each one's pages
-/// consecutive where it can); `after_frees`: two sequences filled the pool
+/// consecutive where it can); `compacted`: as `scattered`, then
+/// `compact()` moved the pages into one run; `after_frees`: two sequences filled the pool
 /// alternately and were freed, then the measured one takes the freed pages;
 /// else consecutive. Baseline: the same decode over a contiguous kv_cache.
 void decode_vs_contiguous(benchmark::State& state, page_order order, int threads) {
@@ -155,7 +158,7 @@ void decode_vs_contiguous(benchmark::State& state, page_order order, int threads
   auto const q = random_floats(static_cast<std::size_t>(H * D), 1);
   std::vector<float> out(q.size());
   posenc::paged_kv_cache<float> paged(2 * S / P + 2, P, H, D);
-  if (order == page_order::scattered) fragment_pool(paged, k, v);
+  if (order == page_order::scattered || order == page_order::compacted) fragment_pool(paged, k, v);
   if (order == page_order::after_frees) {
     index_t const a = paged.add_sequence(), b = paged.add_sequence();
     for (index_t s = 0; s < S; s += P)
@@ -172,6 +175,7 @@ void decode_vs_contiguous(benchmark::State& state, page_order order, int threads
     paged.append(id, kp, vp, posenc::none{});
     if (interleaved) paged.append(other, kp, vp, posenc::none{});
   }
+  if (order == page_order::compacted) paged.compact();
   posenc::kv_cache<float> contiguous(1, H, D);
   contiguous.append(posenc::make_bshd<const float>(k.data(), 1, S, H, D),
                     posenc::make_bshd<const float>(v.data(), 1, S, H, D), posenc::none{});
@@ -407,14 +411,56 @@ void register_half_decode(char const* what, int t, bool scattered) {
   })->Unit(benchmark::kMicrosecond)->UseManualTime()->MinTime(0.5);
 }
 
+/// compact() of a fragmented pool (the pool of decode_vs_contiguous
+/// `scattered`: one-page fillers on every other page, one sequence of 4096
+/// tokens on the pages between them), restored from a copy before each
+/// iteration. Baseline in the same loop: memcpy of as many bytes as the pages
+/// it moves hold (K and V of every kv head), between two other buffers.
+void compact_fragmented(benchmark::State& state) {
+  index_t const S = 4096, P = 16;
+  auto const k = random_floats(static_cast<std::size_t>(S * H * D), 2);
+  auto const v = random_floats(static_cast<std::size_t>(S * H * D), 3);
+  posenc::paged_kv_cache<float> fragmented(2 * S / P + 2, P, H, D);
+  fragment_pool(fragmented, k, v);
+  index_t const id = fragmented.add_sequence();
+  fragmented.append(id, posenc::make_bshd<const float>(k.data(), 1, S, H, D),
+                    posenc::make_bshd<const float>(v.data(), 1, S, H, D), posenc::none{});
+  posenc::paged_kv_cache<float> work = fragmented;
+  index_t const moved = work.compact();
+  auto const bytes = static_cast<std::size_t>(moved * P * H * 2 * D) * sizeof(float);
+  std::vector<char> from(bytes, 1), to(bytes, 0);
+  auto& evict = posenc_bench::persistent_buffer<float>("paged/evict", index_t{64} << 20, 1.0f);
+  double compact_s = 0, copy_s = 0;
+  for (auto _ : state) {
+    work = fragmented;
+    benchmark::DoNotOptimize(evict_caches(evict));
+    auto const t0 = std::chrono::steady_clock::now();
+    benchmark::DoNotOptimize(work.compact());
+    benchmark::ClobberMemory();
+    auto const t1 = std::chrono::steady_clock::now();
+    benchmark::DoNotOptimize(evict_caches(evict));
+    auto const t2 = std::chrono::steady_clock::now();
+    std::memcpy(to.data(), from.data(), bytes);
+    benchmark::ClobberMemory();
+    auto const t3 = std::chrono::steady_clock::now();
+    compact_s += std::chrono::duration<double>(t1 - t0).count();
+    copy_s += std::chrono::duration<double>(t3 - t2).count();
+    state.SetIterationTime(std::chrono::duration<double>(t1 - t0).count());
+  }
+  state.counters["x_copy"] = copy_s > 0 ? compact_s / copy_s : 0.0;
+  state.counters["pages_moved"] = static_cast<double>(moved);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   for (int t : {1, 2}) {
     for (page_order order :
-         {page_order::consecutive, page_order::scattered, page_order::after_frees, page_order::interleaved}) {
+         {page_order::consecutive, page_order::scattered, page_order::compacted, page_order::after_frees,
+          page_order::interleaved}) {
       char const* what = order == page_order::consecutive ? "consecutive"
                          : order == page_order::scattered ? "scattered"
+                         : order == page_order::compacted ? "compacted"
                          : order == page_order::interleaved ? "interleaved"
                                                             : "after_frees";
       std::string const name = std::string("paged/decode_vs_contiguous/") + what +
@@ -442,6 +488,10 @@ int main(int argc, char** argv) {
           ->Unit(benchmark::kMillisecond)
           ->UseManualTime()
           ->MinTime(0.5);
+  benchmark::RegisterBenchmark("paged/compact/fragmented_pool_S4096/H8_D128_page16", compact_fragmented)
+      ->Unit(benchmark::kMillisecond)
+      ->UseManualTime()
+      ->MinTime(0.5);
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

@@ -5,7 +5,8 @@
 // lengths) at random steps. Each step prefills the newly admitted prompts in
 // one packed call and appends them to a paged_kv_cache, forks some prompts
 // into several continuations (copy-on-write), decodes every live sequence in
-// one batched call and frees the sequences that are done. A small random
+// one batched call, frees the sequences that are done and compacts the pool
+// when frees have scattered the live sequences' pages. A small random
 // "model" makes the next token's q, k and v from the previous attention output,
 // so that each decode step depends on the last. Every output is checked
 // against plain posenc::attention on that sequence's own contiguous q/k/v
@@ -173,7 +174,8 @@ int serve(settings const& cfg, EncF const& enc, EncD const& enc_d) {
   std::vector<index_t> request_pages;  // pages reserved per request, released when its last sequence ends
   std::vector<index_t> request_live;   // live sequences per request
   index_t reserved = 0, admitted = 0, forks = 0, prefill_tokens = 0, decode_tokens = 0, checks = 0;
-  double prefill_seconds = 0, decode_seconds = 0;
+  double prefill_seconds = 0, decode_seconds = 0, compact_seconds = 0;
+  index_t compactions = 0, pages_moved = 0;
   std::vector<float> x(static_cast<std::size_t>(width));
 
   for (index_t step = 0; step < cfg.steps || !live.empty(); ++step) {
@@ -293,6 +295,19 @@ int serve(settings const& cfg, EncF const& enc, EncD const& enc_d) {
       if (--request_live[req] == 0) reserved -= request_pages[req];
       live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
     }
+
+    // 5. Frees scatter the pool: when the live sequences' pages form more than
+    // twice as many runs as there are sequences, move them back into runs (the
+    // attention reads each run as one stream; later steps check that no key moved wrongly).
+    index_t runs = 0;
+    for (sequence const& s : live) runs += cache.page_runs(s.id);
+    if (runs > 2 * static_cast<index_t>(live.size())) {
+      auto const c0 = clock_type::now();
+      index_t const moved = cache.compact();
+      compact_seconds += std::chrono::duration<double>(clock_type::now() - c0).count();
+      ++compactions;
+      pages_moved += moved;
+    }
     if (step % 8 == 0 || live.empty())
       std::printf("step %3lld: %2lld live sequences, pool %4lld / %lld pages in use\n", static_cast<long long>(step),
                   static_cast<long long>(live.size()), static_cast<long long>(cache.pages() - cache.free_page_count()),
@@ -310,6 +325,8 @@ int serve(settings const& cfg, EncF const& enc, EncD const& enc_d) {
               static_cast<long long>(prefill_tokens), static_cast<double>(prefill_tokens) / std::max(prefill_seconds, 1e-9));
   std::printf("decode:  %lld tokens, %.0f tokens/s (cache append + batched paged attention)\n",
               static_cast<long long>(decode_tokens), static_cast<double>(decode_tokens) / std::max(decode_seconds, 1e-9));
+  std::printf("compact: %lld times, %lld pages moved, %.3f ms in all\n", static_cast<long long>(compactions),
+              static_cast<long long>(pages_moved), 1e3 * compact_seconds);
   return 0;
 }
 

@@ -724,6 +724,205 @@ TEST_CASE("paged_kv_cache: sequences growing together keep their pages consecuti
   }
 }
 
+// What compact() must keep of one sequence: its keys and values in token
+// order, length, first position, and how many sequences share each of its pages.
+template <class T>
+struct kept {
+  std::vector<T> k, v;
+  index_t length = 0, first = 0;
+  std::vector<index_t> refs;
+  bool operator==(kept const& o) const {
+    return k == o.k && v == o.v && length == o.length && first == o.first && refs == o.refs;
+  }
+};
+template <class T>
+kept<T> kept_of(posenc::paged_kv_cache<T> const& cache, index_t id) {
+  kept<T> r;
+  r.length = cache.length(id);
+  r.first = cache.first_position(id);
+  auto const table = cache.page_table(id);
+  index_t const P = cache.page_tokens();
+  for (index_t p : table) r.refs.push_back(cache.page_references(p));
+  for (index_t j = 0; j < r.length; ++j) {
+    auto const pk = cache.page_keys(table[j / P], 1), pv = cache.page_values(table[j / P], 1);
+    for (index_t h = 0; h < cache.kv_heads(); ++h) {
+      r.k.insert(r.k.end(), pk.ptr(0, j % P, h), pk.ptr(0, j % P, h) + cache.head_dim());
+      r.v.insert(r.v.end(), pv.ptr(0, j % P, h), pv.ptr(0, j % P, h) + cache.value_dim());
+    }
+  }
+  return r;
+}
+
+// A pool fragmented first (one-page fillers, every other one freed), then
+// sequences growing in turn, forks appending past a shared partly filled
+// page, frees and a sequence taking the freed pages; compact()
+// (each of its allocations failed in turn first: the cache stays as it was)
+// must keep every sequence's tokens, sharing and attention output bit for bit,
+// and leave each unshared sequence one run, the used pages first.
+template <class T>
+void check_compact(index_t page) {
+  using I = typename posenc::paged_kv_cache<T>::input_type;
+  index_t const Dv = D + 3, L = 12 * page + 5;
+  posenc::paged_kv_cache<T> cache(240, page, Hkv, D, Dv);
+  std::vector<I> const k = random_vector<I>(static_cast<std::size_t>(L * Hkv * D), 41);
+  std::vector<I> const v = random_vector<I>(static_cast<std::size_t>(L * Hkv * Dv), 42);
+  posenc::rope<I> const rope(posenc::rope_layout::half_split, D);
+  auto append = [&](index_t id, index_t n) {
+    index_t const at = cache.length(id) % (L - n + 1);
+    cache.append(id, posenc::make_bshd<const I>(k.data() + at * Hkv * D, 1, n, Hkv, D),
+                 posenc::make_bshd<const I>(v.data() + at * Hkv * Dv, 1, n, Hkv, Dv), rope);
+  };
+  std::vector<index_t> fillers, open;
+  for (index_t p = 0; p < cache.pages(); ++p) {
+    fillers.push_back(cache.add_sequence());
+    append(fillers.back(), 1);
+  }
+  for (index_t id : fillers) {
+    if (cache.page_table(id)[0] % 2 == 0)
+      cache.free(id);
+    else
+      open.push_back(id);
+  }
+  std::vector<index_t> ids;
+  for (index_t s = 0; s < 6; ++s) ids.push_back(cache.add_sequence(3 * s));
+  for (index_t round = 0; round < 8; ++round)
+    for (index_t s = 0; s < 6; ++s) append(ids[static_cast<std::size_t>(s)], 1 + (round * 7 + s * 5) % (2 * page));
+  index_t const f1 = cache.fork(ids[1]);
+  append(f1, page + 2);
+  index_t const f2 = cache.fork(f1);
+  append(f2, 1);
+  cache.free(ids[0]);
+  cache.free(ids[3]);
+  index_t const late = cache.add_sequence(7);
+  append(late, 5 * page + 1);
+  append(ids[2], 2 * page);
+  open.insert(open.end(), {ids[1], ids[2], ids[4], ids[5], f1, f2, late});
+  REQUIRE(cache.page_runs(late) > 1);
+
+  auto snapshot = [&] {
+    std::vector<kept<T>> r;
+    for (index_t id : open) r.push_back(kept_of(cache, id));
+    return r;
+  };
+  auto tables = [&] {
+    std::vector<std::vector<index_t>> r;
+    for (index_t id : open) r.emplace_back(cache.page_table(id).begin(), cache.page_table(id).end());
+    return r;
+  };
+  // One decode step over every open sequence (the query tokens alone), fused path.
+  auto const n = static_cast<index_t>(open.size());
+  std::vector<I> const q = random_vector<I>(static_cast<std::size_t>(n * Hq * D), 43);
+  auto attend = [&] {
+    std::vector<I> out(static_cast<std::size_t>(n * Hq * Dv));
+    posenc::attention_options<I> opt;
+    opt.causal = true;
+    posenc::paged_attention_workspace<T> ws;
+    posenc::attention<posenc::path::fused>(posenc::make_bshd<const I>(q.data(), n, 1, Hq, D), cache, open,
+                                           posenc::make_bshd(out.data(), n, 1, Hq, Dv), rope, opt, ws);
+    return out;
+  };
+  auto const before = snapshot();
+  auto const tables_before = tables();
+  auto const out_before = attend();
+  index_t const free_before = cache.free_page_count();
+
+  index_t moved = -1;
+  for (long long fail = 0; moved < 0; ++fail) {
+    INFO("allocation " << fail << " of compact() fails");
+    REQUIRE(fail < 100);
+    posenc_test::reset_allocation_counters();
+    posenc_test::g_fail_at = fail;
+    g_counting = true;
+    try {
+      moved = cache.compact();
+    } catch (std::bad_alloc const&) {
+      g_counting = false;
+      CHECK(tables() == tables_before);
+      CHECK(snapshot() == before);
+      CHECK(cache.free_page_count() == free_before);
+    }
+    g_counting = false;
+    posenc_test::g_fail_at = -1;
+  }
+  index_t const used = cache.pages() - cache.free_page_count();
+  CHECK(moved > 0);
+  CHECK(moved <= used);
+  CHECK(cache.free_page_count() == free_before);
+  CHECK(snapshot() == before);
+  CHECK(attend() == out_before);
+  for (index_t p = 0; p < cache.pages(); ++p) CHECK((cache.page_references(p) != 0) == (p < used));
+  for (index_t id : open) {
+    INFO("sequence " << id);
+    auto const table = cache.page_table(id);
+    bool shared = false;
+    for (index_t p : table) shared = shared || cache.page_references(p) > 1;
+    if (!shared) CHECK(cache.page_runs(id) == 1);
+    CHECK(cache.page_runs(id) <= 3);  // a fork of a fork: its parents' pages, then its own
+  }
+  // Nothing left to move.
+  auto const tables_after = tables();
+  CHECK(cache.compact() == 0);
+  CHECK(tables() == tables_after);
+  // Copy-on-write still separates the forks, and the pool is whole again after freeing.
+  auto const kept_f2 = kept_of(cache, f2), kept_parent = kept_of(cache, ids[1]);
+  append(f1, page + 1);
+  append(ids[1], 1);
+  CHECK(kept_of(cache, f2) == kept_f2);
+  auto const now_parent = kept_of(cache, ids[1]);
+  CHECK(std::vector<T>(now_parent.k.begin(), now_parent.k.begin() + static_cast<std::ptrdiff_t>(kept_parent.k.size())) ==
+        kept_parent.k);
+  for (index_t id : open) cache.free(id);
+  CHECK(cache.free_page_count() == cache.pages());
+  CHECK(cache.compact() == 0);
+}
+
+TEST_CASE("paged_kv_cache: compact() makes every sequence one run and changes no token, share or result",
+          "[paged]") {
+  for (index_t page : {1, 3, 16}) {
+    INFO("page_tokens " << page);
+    check_compact<float>(page);
+    check_compact<double>(page);
+    check_compact<Eigen::bfloat16>(page);
+    check_compact<Eigen::half>(page);
+  }
+  SECTION("runs with free pages between them close up; then nothing moves") {
+    posenc::paged_kv_cache<float> cache(10, 4, Hkv, D);
+    tokens<float> const t(12, 8);
+    std::vector<index_t> ids;
+    for (index_t s = 0; s < 2; ++s) {
+      ids.push_back(cache.add_sequence());
+      cache.append(ids.back(), tokens<float>::part(t.k, 0, 12, Hkv), tokens<float>::part(t.v, 0, 12, Hkv),
+                   posenc::none{});
+    }
+    // the second sequence starts in the middle of the free run [3, 10)
+    CHECK(std::vector<index_t>(cache.page_table(ids[1]).begin(), cache.page_table(ids[1]).end()) ==
+          std::vector<index_t>{6, 7, 8});
+    CHECK(cache.compact() == 3);
+    CHECK(std::vector<index_t>(cache.page_table(ids[0]).begin(), cache.page_table(ids[0]).end()) ==
+          std::vector<index_t>{0, 1, 2});
+    CHECK(std::vector<index_t>(cache.page_table(ids[1]).begin(), cache.page_table(ids[1]).end()) ==
+          std::vector<index_t>{3, 4, 5});
+    CHECK(cache.compact() == 0);
+    posenc::paged_kv_cache<float> none(0, 4, Hkv, D);
+    CHECK(none.compact() == 0);
+  }
+  SECTION("a fragmented pool: every page its own run, then one run") {
+    posenc::paged_kv_cache<float> cache(20, 4, Hkv, D);
+    fragment_pool(cache, posenc::none{});
+    tokens<float> const t(40, 9);
+    index_t const x = cache.add_sequence();
+    cache.append(x, tokens<float>::part(t.k, 0, 37, Hkv), tokens<float>::part(t.v, 0, 37, Hkv), posenc::none{});
+    CHECK(cache.page_runs(x) == 10);
+    auto const k = kept_of(cache, x);
+    // x (first page 0) goes to pages 0 .. 9, the fillers (pages 1, 3, .. 19) to
+    // 10 .. 19: every page but 0 and 19 moves.
+    CHECK(cache.compact() == 18);
+    CHECK(cache.page_runs(x) == 1);
+    CHECK(kept_of(cache, x) == k);
+    CHECK(cache.page_runs(cache.add_sequence()) == 0);
+  }
+}
+
 TEST_CASE("paged_kv_cache: storage is head-major; a run of consecutive pages is one head-major view", "[paged]") {
   for (index_t page : {1, 3, 16}) {
     INFO("page_tokens " << page);

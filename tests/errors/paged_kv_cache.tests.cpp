@@ -123,6 +123,8 @@ TEST_CASE("paged_kv_cache: bad sequence ids and positions throw with nothing cha
   REQUIRE_THROWS_WITH(cache.fork(-1), contains("posenc::paged_kv_cache::fork: id is -1"));
   REQUIRE_THROWS_WITH(cache.free(gone), contains("posenc::paged_kv_cache::free: id is"));
   REQUIRE_THROWS_WITH(cache.length(gone), contains("id is"));
+  REQUIRE_THROWS_WITH(cache.page_runs(gone), contains("posenc::paged_kv_cache::page_runs: id is " +
+                                                      std::to_string(gone) + ", expected the id of an open sequence"));
   std::vector<index_t> const twice = {a, a};
   REQUIRE_THROWS_WITH(cache.append(twice, tokens_view(k, 2, 1), tokens_view(k, 2, 1), posenc::none{}),
                       contains("ids[1] is 0, expected distinct ids"));

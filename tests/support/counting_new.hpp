@@ -17,6 +17,10 @@ inline std::atomic<bool> g_counting{false};
 inline std::atomic<long long> g_allocations{0};
 inline std::atomic<long long> g_bytes{0};
 inline std::atomic<long long> g_largest{0};
+/// While counting: the allocation that finds `g_allocations` equal to this
+/// number throws std::bad_alloc (-1: none), so that a test can fail each
+/// allocation of a call in turn and check what the call left behind.
+inline std::atomic<long long> g_fail_at{-1};
 
 /// Sets every counter to zero (call before turning counting on).
 inline void reset_allocation_counters() noexcept {
@@ -26,13 +30,15 @@ inline void reset_allocation_counters() noexcept {
 }
 
 namespace counting_new_detail {
-inline void note(std::size_t n) noexcept {
-  if (!g_counting.load(std::memory_order_relaxed)) return;
-  ++g_allocations;
+// Counts one allocation; true when it is the one to fail.
+inline bool note(std::size_t n) noexcept {
+  if (!g_counting.load(std::memory_order_relaxed)) return false;
+  bool const fail = g_allocations++ == g_fail_at.load();
   g_bytes += static_cast<long long>(n);
   long long prev = g_largest.load();
   while (static_cast<long long>(n) > prev && !g_largest.compare_exchange_weak(prev, static_cast<long long>(n))) {
   }
+  return fail;
 }
 // Out of line so that the compiler does not pair a visible malloc with delete.
 __attribute__((noinline)) inline void release(void* p) noexcept { std::free(p); }
@@ -54,13 +60,13 @@ extern "C" const char* __asan_default_options() { return "alloc_dealloc_mismatch
 #endif
 
 void* operator new(std::size_t n) {
-  posenc_test::counting_new_detail::note(n);
+  if (posenc_test::counting_new_detail::note(n)) throw std::bad_alloc();
   if (void* p = std::malloc(n ? n : 1)) return p;
   throw std::bad_alloc();
 }
 void* operator new[](std::size_t n) { return operator new(n); }
 void* operator new(std::size_t n, std::align_val_t a) {
-  posenc_test::counting_new_detail::note(n);
+  if (posenc_test::counting_new_detail::note(n)) throw std::bad_alloc();
   std::size_t const al = static_cast<std::size_t>(a);
   if (void* p = std::aligned_alloc(al, (n + al - 1) / al * al)) return p;
   throw std::bad_alloc();

@@ -20,7 +20,7 @@ namespace posenc {
 
 /// Keys and values of many sequences of different lengths, each held in pages
 /// of `page_tokens()` tokens taken from one pool of `pages()` pages allocated
-/// once (nothing is reallocated or moved afterwards). Each sequence has a page
+/// once (nothing is reallocated; pages move only in `compact()`). Each sequence has a page
 /// table, a length and the position of its first token (token s of sequence
 /// `id` sits at `first_position(id) + s`).
 ///
@@ -35,6 +35,9 @@ namespace posenc {
 ///   positions, with length = the sequence's new next position), as in kv_cache.
 /// - `posenc::attention(q, cache, seq_ids, out, enc, opt)` attends over the
 ///   pages in place (attention/paged_attention.hpp).
+/// - `compact()` moves pages so that every sequence's pages form one run
+///   again after frees have scattered the pool (`page_runs(id)` tells how
+///   many runs a sequence's pages form).
 ///
 /// Page storage: head-major across the pool, (kv_head, page, token, dim), so
 /// that one kv head's rows of a run of pages with consecutive ids lie one
@@ -221,6 +224,80 @@ class paged_kv_cache {
     tokens_ += n * n_ids;
   }
 
+  /// Moves pages so that the open sequences' pages lie one sequence after
+  /// another from page 0, each sequence's pages consecutive in token order,
+  /// and the free pages form one run at the end of the pool. Sequences keep
+  /// the order of their first pages; a page shared by forks goes with the
+  /// first sequence that holds it (a fork's own pages then form a second
+  /// run). Tokens, lengths, positions and sharing are unchanged; the page
+  /// ids in page tables change, so page ids read before are stale. Returns
+  /// the number of pages whose contents moved (0 when the pool is already
+  /// compact). Costs one copy of every moved page; attention over
+  /// consecutive pages reads each kv head's keys and values as one run.
+  ///
+  /// Strong guarantee: the scratch (page maps and one page of keys and values)
+  /// is allocated before anything moves; after a failed compact() the cache is unchanged.
+  index_t compact() {
+    auto const np = static_cast<std::size_t>(pages_);
+    std::vector<index_t> order;  // open sequences by first page
+    for (std::size_t i = 0; i < seqs_.size(); ++i)
+      if (seqs_[i].live && !seqs_[i].pages.empty()) order.push_back(static_cast<index_t>(i));
+    std::sort(order.begin(), order.end(), [&](index_t x, index_t y) {
+      index_t const px = seqs_[static_cast<std::size_t>(x)].pages[0], py = seqs_[static_cast<std::size_t>(y)].pages[0];
+      return px != py ? px < py : x < y;  // forks sharing a first page: by id
+    });
+    std::vector<index_t> to(np, -1), from(np, -1);  // to[old page] = new page; from[new] = old
+    index_t next = 0;
+    for (index_t id : order)
+      for (index_t p : seqs_[static_cast<std::size_t>(id)].pages)
+        if (to[static_cast<std::size_t>(p)] < 0) to[static_cast<std::size_t>(p)] = next++;
+    for (std::size_t p = 0; p < np; ++p)
+      if (to[p] < 0) to[p] = next++;  // free pages, in pool order
+    for (std::size_t p = 0; p < np; ++p) from[static_cast<std::size_t>(to[p])] = static_cast<index_t>(p);
+    index_t moved = 0;
+    for (std::size_t p = 0; p < np; ++p) moved += to[p] != static_cast<index_t>(p) && refs_[p] != 0;
+    if (moved == 0) return 0;
+    std::vector<T> held(static_cast<std::size_t>(page_tokens_ * heads_ * (dim_ + vdim_)));
+    std::vector<bool> done(np, false);  // pages of the permutation already walked
+    std::vector<index_t> refs(np);
+    // Nothing below throws. Each cycle of the permutation is walked from its
+    // first page: that page's contents wait in `held`, every other page of the
+    // cycle takes the contents of the page that moves into it (a free page's
+    // contents are not kept).
+    for (std::size_t start = 0; start < np; ++start) {
+      if (done[start] || from[start] == static_cast<index_t>(start)) continue;
+      auto const first = static_cast<index_t>(start);
+      bool const keep_first = refs_[start] != 0;
+      if (keep_first) copy_page_out(first, held.data());
+      index_t at = first;
+      for (;;) {
+        done[static_cast<std::size_t>(at)] = true;
+        index_t const src = from[static_cast<std::size_t>(at)];
+        if (src == first) {
+          if (keep_first) copy_page_in(held.data(), at);
+          break;
+        }
+        if (refs_[static_cast<std::size_t>(src)] != 0) copy_page(src, at);
+        at = src;
+      }
+    }
+    for (std::size_t p = 0; p < np; ++p) refs[static_cast<std::size_t>(to[p])] = refs_[p];
+    refs_.swap(refs);
+    for (sequence& s : seqs_)
+      for (index_t& p : s.pages) p = to[static_cast<std::size_t>(p)];
+    return moved;
+  }
+
+  /// Number of runs of consecutive page ids that sequence `id`'s pages form
+  /// (0 for an empty sequence, 1 when attention reads each kv head as one run).
+  index_t page_runs(index_t id) const {
+    check_id("posenc::paged_kv_cache::page_runs", "id", id);
+    auto const& pages = seqs_[static_cast<std::size_t>(id)].pages;
+    index_t runs = 0;
+    for (std::size_t j = 0; j < pages.size(); ++j) runs += j == 0 || pages[j] != pages[j - 1] + 1;
+    return runs;
+  }
+
   /// Tokens of sequence `id`.
   index_t length(index_t id) const {
     check_id("posenc::paged_kv_cache::length", "id", id);
@@ -368,6 +445,28 @@ class paged_kv_cache {
       std::copy(src, src + n, dst);
     } else {
       for (index_t d = 0; d < n; ++d) dst[d] = detail::to_storage<T>(src[d]);
+    }
+  }
+  // Page contents (every kv head's keys and values) to and from a scratch of
+  // page_tokens x kv_heads x (head_dim + value_dim) elements, and page to page.
+  void copy_page_out(index_t page, T* dst) noexcept {
+    index_t const nk = page_tokens_ * dim_, nv = page_tokens_ * vdim_;
+    for (index_t h = 0; h < heads_; ++h) {
+      std::copy_n(token_ptr(keys_, dim_, page, 0, h), nk, dst + h * nk);
+      std::copy_n(token_ptr(values_, vdim_, page, 0, h), nv, dst + heads_ * nk + h * nv);
+    }
+  }
+  void copy_page_in(T const* src, index_t page) noexcept {
+    index_t const nk = page_tokens_ * dim_, nv = page_tokens_ * vdim_;
+    for (index_t h = 0; h < heads_; ++h) {
+      std::copy_n(src + h * nk, nk, token_ptr(keys_, dim_, page, 0, h));
+      std::copy_n(src + heads_ * nk + h * nv, nv, token_ptr(values_, vdim_, page, 0, h));
+    }
+  }
+  void copy_page(index_t src, index_t dst) noexcept {
+    for (index_t h = 0; h < heads_; ++h) {
+      std::copy_n(token_ptr(keys_, dim_, src, 0, h), page_tokens_ * dim_, token_ptr(keys_, dim_, dst, 0, h));
+      std::copy_n(token_ptr(values_, vdim_, src, 0, h), page_tokens_ * vdim_, token_ptr(values_, vdim_, dst, 0, h));
     }
   }
   view<const T> run(T const* base, index_t d, index_t page, index_t count) const noexcept {

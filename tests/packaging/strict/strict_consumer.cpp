@@ -97,9 +97,39 @@ void module_and_cache() {
   layer.forward(posenc::make_bsd<const T>(x.data(), 1, 3, model), posenc::make_bsd(y.data(), 1, 3, model));
 }
 
+/// A paged cache: append, fork, batched decode over the pages, free, compact.
+template <class T>
+void paged_cache() {
+  index_t const heads = 4, kv_heads = 2, head_dim = 8, page = 4;
+  using I = typename posenc::paged_kv_cache<T>::input_type;
+  posenc::paged_kv_cache<T> cache(16, page, kv_heads, head_dim);
+  posenc::rope<I> rope(posenc::rope_layout::half_split, head_dim);
+  std::vector<I> k(static_cast<std::size_t>(2 * 6 * kv_heads * head_dim), I(0.5));
+  std::vector<I> q(static_cast<std::size_t>(2 * heads * head_dim), I(0.25)), out(q.size());
+  index_t const a = cache.add_sequence(), gone = cache.add_sequence();
+  cache.append(gone, posenc::make_bshd<const I>(k.data(), 1, 6, kv_heads, head_dim),
+               posenc::make_bshd<const I>(k.data(), 1, 6, kv_heads, head_dim), rope);
+  cache.append(a, posenc::make_bshd<const I>(k.data(), 1, 6, kv_heads, head_dim),
+               posenc::make_bshd<const I>(k.data(), 1, 6, kv_heads, head_dim), rope);
+  index_t const b = cache.fork(a);
+  cache.free(gone);
+  std::vector<index_t> ids{a, b};
+  cache.append(ids, posenc::make_bshd<const I>(k.data(), 2, 1, kv_heads, head_dim),
+               posenc::make_bshd<const I>(k.data(), 2, 1, kv_heads, head_dim), rope);
+  if (cache.page_runs(a) > 1) cache.compact();
+  posenc::attention_options<I> opt;
+  opt.causal = true;
+  posenc::paged_attention_workspace<T> ws;
+  posenc::attention(posenc::make_bshd<const I>(q.data(), 2, 1, heads, head_dim), cache, ids,
+                    posenc::make_bshd(out.data(), 2, 1, heads, head_dim), rope, opt, ws);
+}
+
 }  // namespace
 
 int main() {
+  paged_cache<float>();
+  paged_cache<double>();
+  paged_cache<Eigen::bfloat16>();
   encoders<float>();
   encoders<double>();
   module_and_cache<float>();
