@@ -277,7 +277,7 @@ class paged_kv_cache {
           if (keep_first) copy_page_in(held.data(), at);
           break;
         }
-        if (refs_[static_cast<std::size_t>(src)] != 0) copy_page(src, at);
+        if (refs_[static_cast<std::size_t>(src)] != 0) copy_page(src, at, page_tokens_);
         at = src;
       }
     }
@@ -421,11 +421,7 @@ class paged_kv_cache {
       index_t const before = s.pages.size() > 1 ? s.pages[s.pages.size() - 2] : -1;
       index_t const old = s.pages.back(), fresh = take_page(before);
       --refs_[static_cast<std::size_t>(old)];
-      index_t const used = s.len % page_tokens_;
-      for (index_t h = 0; h < heads_; ++h) {
-        std::copy_n(token_ptr(keys_, dim_, old, 0, h), used * dim_, token_ptr(keys_, dim_, fresh, 0, h));
-        std::copy_n(token_ptr(values_, vdim_, old, 0, h), used * vdim_, token_ptr(values_, vdim_, fresh, 0, h));
-      }
+      copy_page(old, fresh, s.len % page_tokens_);
       s.pages.back() = fresh;
     }
     for (index_t t = 0; t < k.seq; ++t) {
@@ -448,7 +444,7 @@ class paged_kv_cache {
     }
   }
   // Page contents (every kv head's keys and values) to and from a scratch of
-  // page_tokens x kv_heads x (head_dim + value_dim) elements, and page to page.
+  // page_tokens x kv_heads x (head_dim + value_dim) elements.
   void copy_page_out(index_t page, T* dst) noexcept {
     index_t const nk = page_tokens_ * dim_, nv = page_tokens_ * vdim_;
     for (index_t h = 0; h < heads_; ++h) {
@@ -463,10 +459,11 @@ class paged_kv_cache {
       std::copy_n(src + heads_ * nk + h * nv, nv, token_ptr(values_, vdim_, page, 0, h));
     }
   }
-  void copy_page(index_t src, index_t dst) noexcept {
+  // The first `tokens` tokens of page src (every kv head) into page dst.
+  void copy_page(index_t src, index_t dst, index_t tokens) noexcept {
     for (index_t h = 0; h < heads_; ++h) {
-      std::copy_n(token_ptr(keys_, dim_, src, 0, h), page_tokens_ * dim_, token_ptr(keys_, dim_, dst, 0, h));
-      std::copy_n(token_ptr(values_, vdim_, src, 0, h), page_tokens_ * vdim_, token_ptr(values_, vdim_, dst, 0, h));
+      std::copy_n(token_ptr(keys_, dim_, src, 0, h), tokens * dim_, token_ptr(keys_, dim_, dst, 0, h));
+      std::copy_n(token_ptr(values_, vdim_, src, 0, h), tokens * vdim_, token_ptr(values_, vdim_, dst, 0, h));
     }
   }
   view<const T> run(T const* base, index_t d, index_t page, index_t count) const noexcept {
