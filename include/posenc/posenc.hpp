@@ -40,3 +40,6 @@
 #include "posenc/attention/packed.hpp"
 #include "posenc/attention/plan.hpp"
 #include "posenc/attention/reference.hpp"
+
+// posenc::compiled's level query (defined in the library: link posenc::compiled to call it).
+#include "posenc/compiled.hpp"

@@ -44,7 +44,7 @@ TEST_CASE("docs/attention.md: masks, padding and the scores output", "[docs]") {
   opt.key_lengths = key_lengths;
   opt.scores = probs.data();  // (batch, heads, q_len, k_len)
   opt.scores_stage = posenc::score_stage::probabilities;
-  posenc::attention(posenc::make_bshd(q.data(), batch, q_len, heads, dim),
+  posenc::attention<posenc::path::materialized>(posenc::make_bshd(q.data(), batch, q_len, heads, dim),
                     posenc::make_bshd(k.data(), batch, k_len, heads, dim),
                     posenc::make_bshd(v.data(), batch, k_len, heads, dim),
                     posenc::make_bshd(out.data(), batch, q_len, heads, dim), posenc::none{}, opt);

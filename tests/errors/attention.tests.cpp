@@ -63,8 +63,14 @@ void expect_error(std::function<void(call&)> const& breaker, std::string const& 
 
 TEMPLATE_TEST_CASE("attention errors: shapes", "[errors]", posenc::path::reference, posenc::path::materialized,
                    posenc::path::best) {
+  if constexpr (std::is_same_v<TestType, posenc::path::best>) {
+    // path::best is the fused path: the scores output, asked of it, is an error after every other check
+    expect_error<TestType>([](call&) {}, "scores is set, expected null (path::fused and path::best do not produce "
+                                         "the scores output; use path::materialized or path::reference)");
+  }
   {
     call c;  // the unbroken call works and writes
+    if constexpr (std::is_same_v<TestType, posenc::path::best>) c.opt.scores = nullptr;
     posenc::attention<TestType>(c.qv, c.kv, c.vv, c.ov, posenc::none{}, c.opt);
     CHECK(!c.untouched());
   }
@@ -131,15 +137,15 @@ TEMPLATE_TEST_CASE("attention errors: options", "[errors]", posenc::path::refere
                          posenc_test::fake_shaw<float>(2, 4, true, 1));
 }
 
-// tests/CMakeLists.txt builds this program with the bfloat16 product mode compiled out.
-static_assert(POSENC_BF16_PRODUCTS == 0, "errors/attention is built with POSENC_BF16_PRODUCTS=0");
+// The bfloat16 product mode is compiled only where POSENC_BF16_PRODUCTS=1 (the default is 0).
+static_assert(POSENC_BF16_PRODUCTS == 0, "errors/attention is built without the bfloat16 product mode");
 
-TEMPLATE_TEST_CASE("attention errors: bfloat16 products in a build that leaves them out (POSENC_BF16_PRODUCTS=0)",
+TEMPLATE_TEST_CASE("attention errors: bfloat16 products in a build that leaves them out (the default)",
                    "[errors]", posenc::path::fused, posenc::path::best) {
-  std::string const msg = "products is bfloat16, expected float32: this build defines POSENC_BF16_PRODUCTS=0 "
-                          "(bfloat16 products compiled out)";
+  std::string const msg = "products is bfloat16, expected float32: bfloat16 products are compiled only where "
+                          "POSENC_BF16_PRODUCTS=1 is defined (in every translation unit of the program)";
   auto const bf16 = [](call& c) {
-    c.opt.scores = nullptr;  // path::fused gives no scores; path::best would then run the reference
+    c.opt.scores = nullptr;  // path::fused and path::best give no scores
     c.opt.products = posenc::product_precision::bfloat16;
   };
   expect_error<TestType>(bf16, msg);

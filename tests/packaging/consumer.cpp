@@ -23,6 +23,27 @@ int main() {
                                              posenc::make_bshd<const float>(val.data(), 1, 2, 1, 2),
                                              posenc::make_bshd(out.data(), 1, 2, 1, 2), posenc::none{});
   if (out[0] != 2.0f || out[1] != 4.0f || out[2] != 2.0f || out[3] != 4.0f) return 2;
+#if POSENC_COMPILED
+  // The compiled mode: a call of posenc::compiled's list runs the library's kernel (the fused
+  // path with RoPE, float), which must agree with the reference path compiled here.
+  {
+    posenc::index_t const S = 20, H = 2, D = 16;
+    std::vector<float> qq(S * H * D), kk(qq.size()), vv(qq.size()), o1(qq.size()), o2(qq.size());
+    for (std::size_t i = 0; i < qq.size(); ++i) {
+      qq[i] = static_cast<float>(i % 7) * 0.1f;
+      kk[i] = static_cast<float>(i % 5) * 0.2f - 0.4f;
+      vv[i] = static_cast<float>(i % 3);
+    }
+    auto c = [&](std::vector<float>& x) { return posenc::make_bshd<const float>(x.data(), 1, S, H, D); };
+    posenc::rope<float> rope(posenc::rope_layout::half_split, D);
+    posenc::attention(c(qq), c(kk), c(vv), posenc::make_bshd(o1.data(), 1, S, H, D), rope);
+    posenc::attention<posenc::path::reference>(c(qq), c(kk), c(vv), posenc::make_bshd(o2.data(), 1, S, H, D), rope);
+    for (std::size_t i = 0; i < o1.size(); ++i)
+      if (o1[i] - o2[i] > 1e-5f || o2[i] - o1[i] > 1e-5f) return 3;
+    std::printf("posenc::compiled runs its %s kernels (%s)\n", posenc::compiled::isa().c_str(),
+                posenc::compiled::arch().c_str());
+  }
+#endif
   std::printf("posenc %s on %s ok\n", posenc::version_string(), posenc::simd::arch_name());
   return 0;
 }

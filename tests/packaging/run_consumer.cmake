@@ -1,12 +1,14 @@
 # SPDX-License-Identifier: MIT
 # Configures, builds and runs one consumer project:
-#   cmake -DKIND=... -DSRC=... -DWORK=... [-DINIT=<initial cache>] [-DGENERATOR=...
+#   cmake -DKIND=... -DSRC=... -DWORK=... [-DMODE=header|compiled] [-DINIT=<initial cache>] [-DGENERATOR=...
 #         -DGENERATOR_PLATFORM=... -DGENERATOR_TOOLSET=...] -P run_consumer.cmake
 # INIT (written by tests/packaging/CMakeLists.txt) holds the configuration under test:
 # compiler, CMAKE_PREFIX_PATH, FETCHCONTENT_* and the Eigen / xsimd packages found. Each
 # consumer is configured with it and then checked to have used that configuration.
 # KIND find_package consumes posenc twice: installed into a prefix, and from its
-# build tree (export()) without installing.
+# build tree (export()) without installing. MODE compiled: the consumer links posenc::compiled
+# (POSENC_COMPILED=ON; with dispatch for fetch_content and find_package, without for
+# add_subdirectory), its kernels built at -O0 (this checks the plumbing, not the speed).
 file(REMOVE_RECURSE ${WORK})
 file(MAKE_DIRECTORY ${WORK})
 set(_init_text "")
@@ -14,6 +16,15 @@ if(INIT)
   file(READ ${INIT} _init_text)
 endif()
 set(_common -DCMAKE_BUILD_TYPE=Release)
+set(_posenc_mode "")
+if(MODE STREQUAL "compiled")
+  set(_dispatch ON)
+  if(KIND STREQUAL "add_subdirectory")
+    set(_dispatch OFF)
+  endif()
+  set(_posenc_mode -DPOSENC_COMPILED=ON -DPOSENC_COMPILED_DISPATCH=${_dispatch} -DPOSENC_COMPILED_FLAGS=-O0)
+  list(APPEND _common -DCONSUMER_COMPILED=ON)
+endif()
 if(GENERATOR)
   list(APPEND _common -G ${GENERATOR})
 endif()
@@ -86,7 +97,7 @@ function(consume dir extra_prefix)
   init_cache(${dir} "${extra_prefix}")
   run_step("configuring the ${KIND} consumer (${dir})"
            ${CMAKE_COMMAND} -C ${WORK}/${dir}-init.cmake -S ${SRC}/tests/packaging/${KIND} -B ${WORK}/${dir}
-           -DPOSENC_SOURCE_DIR=${SRC} ${_common} ${ARGN})
+           -DPOSENC_SOURCE_DIR=${SRC} ${_common} ${_posenc_mode} ${ARGN})
   check_cache(${dir})
   run_step("building the ${KIND} consumer (${dir})" ${CMAKE_COMMAND} --build ${WORK}/${dir} --config Release)
   find_consumer(${dir})
@@ -97,7 +108,8 @@ endfunction()
 if(KIND STREQUAL "find_package")
   init_cache(posenc-build "")
   run_step("configuring posenc" ${CMAKE_COMMAND} -C ${WORK}/posenc-build-init.cmake -S ${SRC} -B ${WORK}/posenc-build
-           ${_common} -DPOSENC_BUILD_TESTS=OFF -DPOSENC_BUILD_BENCH=OFF -DPOSENC_BUILD_EXAMPLES=OFF -DPOSENC_INSTALL=ON)
+           ${_common} ${_posenc_mode} -DPOSENC_BUILD_TESTS=OFF -DPOSENC_BUILD_BENCH=OFF -DPOSENC_BUILD_EXAMPLES=OFF
+           -DPOSENC_INSTALL=ON)
   check_cache(posenc-build)
   run_step("installing posenc" ${CMAKE_COMMAND} --install ${WORK}/posenc-build --prefix ${WORK}/prefix --config Release)
   consume(build ${WORK}/prefix)
@@ -105,4 +117,4 @@ if(KIND STREQUAL "find_package")
 else()
   consume(build "")
 endif()
-message(STATUS "${KIND} consumer: ok")
+message(STATUS "${KIND} ${MODE} consumer: ok")

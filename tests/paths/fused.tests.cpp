@@ -498,7 +498,8 @@ TEST_CASE("fused: fully masked rows give zeros and lse = -inf", "[fused]") {
   for (float x : got) CHECK(!std::isnan(x));
 }
 
-TEST_CASE("fused rejects the scores output; path::best then uses the materialized path", "[fused]") {
+TEST_CASE("fused and path::best reject the scores output before any write; path::materialized gives it",
+          "[fused]") {
   shape s;
   s.Sq = 4;
   s.Sk = 4;
@@ -512,7 +513,13 @@ TEST_CASE("fused rejects the scores output; path::best then uses the materialize
   REQUIRE_THROWS_WITH(posenc::attention<posenc::path::fused>(bf.qv(), bf.kv(), bf.vv(), ov, posenc::none{}, opt),
                       posenc_test::contains("scores"));
   for (float x : out) CHECK(x == -7.0f);
-  posenc::attention<posenc::path::best>(bf.qv(), bf.kv(), bf.vv(), ov, posenc::none{}, opt);
+  // path::best is the fused path only (nothing else is compiled for the call): it names the paths to ask
+  REQUIRE_THROWS_WITH(posenc::attention<posenc::path::best>(bf.qv(), bf.kv(), bf.vv(), ov, posenc::none{}, opt),
+                      "posenc::attention: scores is set, expected null (path::fused and path::best do not produce "
+                      "the scores output; use path::materialized or path::reference)");
+  for (float x : out) CHECK(x == -7.0f);
+  for (float x : scores) CHECK(x == 0.0f);
+  posenc::attention<posenc::path::materialized>(bf.qv(), bf.kv(), bf.vv(), ov, posenc::none{}, opt);
   float sum = 0;
   for (float x : scores) sum += x;
   CHECK(sum == posenc_test::Approx(4.0f).epsilon(1e-5));  // probabilities: each row sums to 1

@@ -164,14 +164,17 @@ void run_attention(view<const Q> q, view<const KV> k, view<const KV> v, view<O> 
   if constexpr (half_io && std::is_same_v<Path, path::best>) {
     run_attention<path::fused, AllowAdditive>(q, k, v, out, enc, opt, masks16);
   } else if constexpr (std::is_same_v<Path, path::best>) {
+    // path::best is the fused path, and only it is compiled for the call: a
+    // runtime fallback would compile the materialized path (Eigen's GEMM) into
+    // every call, about a quarter of its compile time. The scores output is
+    // asked of path::materialized or path::reference by name (the fused path
+    // rejects it after the other checks).
     using fused_kernel = kernel<typename dependent_path<path::fused, E>::type>;
     if constexpr (fused_kernel::available) {
-      if (opt.scores == nullptr) {
-        run_attention<path::fused, AllowAdditive>(q, k, v, out, enc, opt, masks16);
-        return;
-      }
+      run_attention<path::fused, AllowAdditive>(q, k, v, out, enc, opt, masks16);
+    } else {
+      run_attention<path::materialized, AllowAdditive>(q, k, v, out, enc, opt, masks16);
     }
-    run_attention<path::materialized, AllowAdditive>(q, k, v, out, enc, opt, masks16);
   } else {
     using K = kernel<typename dependent_path<Path, E>::type>;
     attention_plan<T> plan = make_plan(q, k, v, out, enc, opt);
@@ -179,11 +182,11 @@ void run_attention(view<const Q> q, view<const KV> k, view<const KV> v, view<O> 
     set_half_masks(plan, masks16);
     if constexpr (!std::is_same_v<typename dependent_path<Path, E>::type, path::fused>) {
       require(opt.products == product_precision::float32, "posenc::attention", "products is bfloat16, expected ",
-              "float32 on this path (bfloat16 products run on path::fused, and path::best without scores)");
+              "float32 on this path (bfloat16 products run on path::fused and path::best)");
     }
     if constexpr (!K::provides_scores) {
-      require(opt.scores == nullptr, "posenc::attention", "scores is set, expected null (this path "
-              "does not produce the scores output; use path::reference or path::materialized)");
+      require(opt.scores == nullptr, "posenc::attention", "scores is set, expected null (path::fused and "
+              "path::best do not produce the scores output; use path::materialized or path::reference)");
     }
     if (plan.batch == 0 || plan.q_len == 0 || plan.q_heads == 0) return;  // nothing to write
     if constexpr (has_content_bias<E, T>::value) {
@@ -293,8 +296,8 @@ constexpr bool attention_encoder_ok() {
 /// A row with no visible key gives zeros (and lse = -inf), never NaN.
 ///
 /// @tparam Path path::reference, path::materialized, path::fused or
-///         path::best (the fused path when available and no scores output is
-///         requested, else the materialized path).
+///         path::best (the fused path; the scores output is asked of
+///         path::materialized or path::reference).
 /// @param q   (batch, Sq, Hq, D), last dim contiguous, any other strides
 /// @param k   (batch, Sk, Hkv, D), Hq % Hkv == 0
 /// @param v   (batch, Sk, Hkv, Dv)

@@ -11,14 +11,18 @@
 //   scratch.hpp        per-thread scratch from one description, bounds-checked
 //   storage.hpp        K and V loads: T as it is, 16-bit rows widened in registers,
 //                      16-bit tiles widened into scratch (lane kernel)
-//   micro_kernels.hpp  register tiles of q.k and p v, for both layouts
+//   micro_kernels.hpp  register tiles of q.k and p v (lane layout); tile walks, line fetches
 //   bf16_products.hpp  the lane kernel's products in bfloat16 (opt-in product_precision)
+//   row_products.hpp   q.k and p v of the row layout, over strided or gathered rows
 //   softmax.hpp        online softmax (lane and row layouts), normalisation
 //   tile_plan.hpp      what a key tile is for a query block: one enum, one function
 //   rotary.hpp         RoPE of query rows and key tiles as they are loaded
-//   lane_kernel.hpp    prefill: query rows along the lanes
+//   lane_context.hpp   the lane kernel's scratch, per-item context and query row helpers
+//   lane_tiles.hpp     the lane kernel's steps over one key tile for one query block
+//   lane_kernel.hpp    prefill: query rows along the lanes (block setup, tile walk, finish)
 //   row_kernel.hpp     few rows or Shaw: keys along the lanes
 //   decode.hpp         the row kernel's items, key split and log-sum-exp merge
+//   paged_rows.hpp     a paged call's runs, chunks and workspace; the row walk over pages
 //   paged.hpp          key chunks in the pages of a paged cache, merged (used by
 //                      attention/paged_attention.hpp, not dispatched from here)
 //
@@ -35,6 +39,9 @@
 #include "posenc/attention/fused/scratch.hpp"
 #include "posenc/attention/fused/traits.hpp"
 #include "posenc/attention/plan.hpp"
+#if POSENC_COMPILED
+#include "posenc/compiled/forward.hpp"
+#endif
 
 namespace posenc::detail {
 
@@ -56,6 +63,16 @@ index_t fused_scratch_elements(index_t head_dim, index_t value_dim, index_t kv_h
                        head_dim, kv_heads * Tr::max_decode_groups_v * rg_v)});
 }
 
+/// Whether path::fused runs a call on the lane kernel (else the row kernel): at least a lane
+/// block of rows per (batch, kv head), and no relative keys unless the encoder hands the lane
+/// kernel its table by distance (transformer_xl; no value term).
+template <class Tr, class E>
+bool takes_lane_kernel(attention_plan<typename Tr::value_type> const& p) noexcept {
+  constexpr bool lanes_v =
+      !encoder_traits<E>::relative_key_value || has_distance_columns<E, typename Tr::value_type>::value;
+  return lanes_v && p.q_len * p.group >= Tr::lane_kernel_min_rows_v;
+}
+
 /// Runs path::fused on a validated plan. `rot`: rotate q and k tiles in the
 /// kernel (RoPE fused); null: q and k arrive rotated (or need no rotation).
 /// K and V stored in a 16-bit type (KV) take the same route: the row kernel
@@ -66,10 +83,7 @@ index_t fused_scratch_elements(index_t head_dim, index_t value_dim, index_t kv_h
 template <class Tr, class T, class Q, class KV, class O, class E>
 void fused_attention(attention_plan<T> const& p, view<const Q> q, view<const KV> k, view<const KV> v, view<O> out,
                      E const& enc, rotation_ids const* rot = nullptr) {
-  // Relative keys need the row kernel, unless the encoder hands the lane
-  // kernel its table by distance (transformer_xl; no value term).
-  constexpr bool lanes_v = !encoder_traits<E>::relative_key_value || has_distance_columns<E, T>::value;
-  if (lanes_v && p.q_len * p.group >= Tr::lane_kernel_min_rows_v) {
+  if (takes_lane_kernel<Tr, E>(p)) {
 #if POSENC_BF16_PRODUCTS
     if constexpr (std::is_same_v<T, float>) {
       if (p.products == product_precision::bfloat16) {  // opt-in: an instantiation of its own
@@ -97,6 +111,14 @@ struct kernel<path::fused> {
   template <class T, class Q, class KV, class O, class E>
   static void run(attention_plan<T> const& p, view<const Q> q, view<const KV> k, view<const KV> v, view<O> out,
                   E const& enc, rotation_ids const* rot = nullptr) {
+#if POSENC_COMPILED
+    // posenc::compiled holds this kernel (compiled/list.hpp): call it there.
+    if constexpr (std::is_same_v<T, float> && compiled_kernels::has_forward<Q, KV, O, E>) {
+      compiled_kernels::check_once();
+      compiled_kernels::forward(p, q, k, v, out, enc, rot);
+      return;
+    }
+#endif
     fused_attention<fused_default_traits<T>>(p, q, k, v, out, enc, rot);
   }
 };

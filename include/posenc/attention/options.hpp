@@ -16,8 +16,9 @@ namespace path {
 struct reference {};
 struct materialized {};
 struct fused {};
-/// Picks the fused path, or the materialized one when the options need
-/// something the fused path does not provide (the scores output).
+/// The fastest path: the fused one (only it is compiled for the call). The
+/// scores output, which the fused path does not produce, is asked of
+/// path::materialized or path::reference by name.
 struct best {};
 }  // namespace path
 
@@ -40,14 +41,13 @@ enum class score_stage {
 /// on the output. Prefill rows (the lane kernel) use it; the row kernel
 /// (decode, few rows, Shaw) and the paged call compute in float.
 ///
-/// The bfloat16 mode is its own instantiation of the lane kernel, compiled
-/// beside the float one for every float call of path::fused. A program that
-/// never asks for it can leave it out with POSENC_BF16_PRODUCTS defined to 0
-/// (the same value in every translation unit): its float calls then compile
-/// about a third faster, and `bfloat16` is rejected with an error naming the
-/// macro, before any output is written.
+/// The bfloat16 mode is its own instantiation of the lane kernel. It is compiled
+/// only where POSENC_BF16_PRODUCTS is defined to 1 (the same value in every
+/// translation unit of a program): without it a float call of path::fused
+/// compiles about a third faster, and `bfloat16` is rejected with an error
+/// naming the macro, before any output is written.
 #ifndef POSENC_BF16_PRODUCTS
-#define POSENC_BF16_PRODUCTS 1
+#define POSENC_BF16_PRODUCTS 0
 #endif
 enum class product_precision {
   float32,   ///< float products (the default; every path)

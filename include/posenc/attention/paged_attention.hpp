@@ -379,12 +379,12 @@ void paged_attention(view<const Q> q, paged_kv_cache<S> const& cache, span<const
     // Prefill (rows enough for lanes, no relative key or value terms): the lane
     // kernel over one chunk per entry, parallel over (entry, kv head, query blocks).
     if (!encoder_traits<E>::relative_key_value &&
-        Sq * work.plans[0].group >= Tr::lane_kernel_min_rows_v) {
+        Sq * work.plans[0].group >= detail::fused::paged_lane_min_rows<T, S, O, E>()) {
       detail::plan_chunks(work, cache, seq_ids, position_limit, first_key);
       if (copied)
-        detail::fused::run_paged_lanes(work, n, qrot, out, enc, rots, strides, opt.threads);
+        detail::fused::paged_kernel(true, work, n, qrot, out, enc, rots, strides, opt.threads);
       else
-        detail::fused::run_paged_lanes(work, n, q, out, enc, rots, strides, opt.threads);
+        detail::fused::paged_kernel(true, work, n, q, out, enc, rots, strides, opt.threads);
       return;
     }
     // Chunks: one per entry with one thread. With more, an item (chunk, kv
@@ -401,9 +401,9 @@ void paged_attention(view<const Q> q, paged_kv_cache<S> const& cache, span<const
     }
     detail::plan_chunks(work, cache, seq_ids, max_len, first_key);
     if (copied)
-      detail::fused::run_paged(work, n, qrot, out, enc, rots, strides, opt.threads);
+      detail::fused::paged_kernel(false, work, n, qrot, out, enc, rots, strides, opt.threads);
     else
-      detail::fused::run_paged(work, n, q, out, enc, rots, strides, opt.threads);
+      detail::fused::paged_kernel(false, work, n, q, out, enc, rots, strides, opt.threads);
   }
 }
 

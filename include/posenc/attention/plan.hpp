@@ -431,6 +431,14 @@ void check_distances(char const* w, index_t limit, view<const Q> q, view<const K
 /// Validates every argument of posenc::attention; throws posenc::error before any write.
 /// `w` names the caller in messages (attention_backward validates its forward arguments here too).
 /// K and V are stored as KV, q as Q and out as O: T, or a 16-bit type (float T).
+namespace compiled_kernels {
+/// True for the (q, K/V, out, encoder) types whose fused forward kernel posenc::compiled holds
+/// (specialized in compiled/forward.hpp where POSENC_COMPILED is defined): such calls have
+/// the bfloat16 product mode whatever POSENC_BF16_PRODUCTS says here.
+template <class Q, class KV, class O, class E>
+inline constexpr bool has_forward = false;
+}  // namespace compiled_kernels
+
 template <class T, class Q, class KV, class O, class E>
 void validate(view<const Q> q, view<const KV> k, view<const KV> v, view<O> out, E const& enc,
               attention_options<T> const& opt, char const* w = "posenc::attention") {
@@ -458,9 +466,11 @@ void validate(view<const Q> q, view<const KV> k, view<const KV> v, view<O> out, 
   char const* const t_name = std::is_same_v<T, float> ? "float" : "double";
   require(opt.products == product_precision::float32 || opt.products == product_precision::bfloat16, w,
           "products is ", static_cast<int>(opt.products), ", expected float32 or bfloat16");
-  require(opt.products == product_precision::float32 || POSENC_BF16_PRODUCTS, w,
-          "products is bfloat16, expected float32: this build defines POSENC_BF16_PRODUCTS=0 (bfloat16 products "
-          "compiled out)");
+  constexpr bool bf16_products = POSENC_BF16_PRODUCTS || (std::is_same_v<T, float> &&
+                                                           compiled_kernels::has_forward<Q, KV, O, E>);
+  require(opt.products == product_precision::float32 || bf16_products, w,
+          "products is bfloat16, expected float32: bfloat16 products are compiled only where "
+          "POSENC_BF16_PRODUCTS=1 is defined (in every translation unit of the program)");
   require(opt.products == product_precision::float32 || std::is_same_v<T, float>, w,
           "products is bfloat16 with ", t_name, " tensors, expected float32 (bfloat16 products are a float mode)");
   double const t_min = static_cast<double>(std::numeric_limits<T>::min());

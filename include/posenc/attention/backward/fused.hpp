@@ -38,6 +38,9 @@
 #include "posenc/core/aligned_buffer.hpp"
 #include "posenc/core/simd.hpp"
 #include "posenc/core/threading.hpp"
+#if POSENC_COMPILED
+#include "posenc/compiled/backward.hpp"
+#endif
 
 namespace posenc::detail::fused_backward {
 
@@ -446,6 +449,14 @@ struct backward_kernel<path::fused> {
   template <class T, class E>
   static void run(attention_plan<T> const& p, backward_views<T> const& io, E const& enc,
                   encoder_gradients_t<E>& grads) {
+#if POSENC_COMPILED
+    // posenc::compiled holds this kernel (compiled/list.hpp): call it there.
+    if constexpr (compiled_kernels::has_backward<T, E>) {
+      compiled_kernels::check_once();
+      compiled_kernels::backward(p, io, enc, grads);
+      return;
+    }
+#endif
     fused_backward::fused_attention_backward(p, io, enc, grads);
   }
 };

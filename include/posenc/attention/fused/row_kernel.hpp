@@ -16,6 +16,7 @@
 
 #include "posenc/attention/fused/micro_kernels.hpp"
 #include "posenc/attention/fused/rotary.hpp"
+#include "posenc/attention/fused/row_products.hpp"
 #include "posenc/attention/fused/scratch.hpp"
 #include "posenc/attention/fused/softmax.hpp"
 #include "posenc/attention/fused/traits.hpp"
@@ -255,7 +256,7 @@ constexpr index_t fetch_ahead(index_t rows) noexcept {
 /// step's arithmetic stalls it: docs/performance.md); the last, shorter
 /// step is fetched all at once. The steps are the decode walk's, laid from
 /// the first visible key: where the rows' keys start together, both walks
-/// give the same bits; so does the walk over gathered pages (fused/paged.hpp).
+/// give the same bits; so does the walk over gathered pages (fused/paged_rows.hpp).
 template <class Tr, bool Guard, class T, class KV, class E>
 void row_steps(attention_plan<T> const& p, view<const KV> k, view<const KV> v, E const& enc, index_t b, index_t hk,
                row_rows<Tr> const& rr, rotation_ids const* rot, row_scratch<Tr> const& sc, row_state<T> st) noexcept {

@@ -1,0 +1,22 @@
+// SPDX-License-Identifier: MIT
+// The forward (contiguous) kernels posenc::compiled holds: their declarations, and which
+// calls reach them. Included by attention/fused.hpp where POSENC_COMPILED is defined.
+#pragma once
+
+#include "posenc/attention/plan.hpp"
+#include "posenc/compiled/check.hpp"
+#include "posenc/compiled/list.hpp"
+#include "posenc/core/view.hpp"
+
+namespace posenc::detail::compiled_kernels {
+
+// has_forward (declared in attention/plan.hpp, false) is true for the types below.
+#define POSENC_COMPILED_X(Q, KV, O, E)                                                                    \
+  template <>                                                                                             \
+  inline constexpr bool has_forward<Q, KV, O, E> = true;                                                  \
+  void forward(attention_plan<float> const& p, view<const Q> q, view<const KV> k, view<const KV> v, view<O> out, \
+               E const& enc, rotation_ids const* rot);
+POSENC_COMPILED_FORWARD(POSENC_COMPILED_X)
+#undef POSENC_COMPILED_X
+
+}  // namespace posenc::detail::compiled_kernels
