@@ -13,6 +13,12 @@
 #include "posenc/attention/fused/paged.hpp"
 #include "posenc/compiled/list.hpp"
 
+// These sources call only functions whose bodies do not depend on POSENC_COMPILED
+// (fused_attention, fused_attention_backward, run_paged_kernel), never the entries that
+// route a consumer's call here (kernel<path::fused>::run, backward_kernel<path::fused>::run,
+// fused::paged_kernel): without dispatch this build and its consumers share inline symbols,
+// and an entry instantiated on both sides would have two bodies, one calling back here.
+
 // With dispatch (POSENC_COMPILED_LEVEL set to the level's name), each instruction set's build
 // of these sources defines its kernels in a namespace of its own, which src/compiled/dispatch.cpp
 // calls; without, they are the declared ones.
@@ -51,7 +57,7 @@ POSENC_COMPILED_DECLARE_LEVEL(avx512)
 #define POSENC_COMPILED_DEFINE_PAGED(S, Q, O, E)                                                         \
   void paged(bool lanes, fused::paged_work<float, S>& w, index_t entries, view<const Q> q, view<O> out,  \
              E const& enc, rotation_ids const* rots, fused::paged_strides const& ps, int threads) {        \
-    fused::paged_kernel(lanes, w, entries, q, out, enc, rots, ps, threads);                              \
+    fused::run_paged_kernel(lanes, w, entries, q, out, enc, rots, ps, threads);                          \
   }
 
 #define POSENC_COMPILED_DEFINE_BACKWARD(T, E)                                                          \

@@ -258,8 +258,23 @@ index_t paged_lane_min_rows() {
   return fused_default_traits<T>::lane_kernel_min_rows_v;
 }
 
-/// The paged kernel of a call: the lane kernel over one chunk per entry (`lanes`,
-/// run_paged_lanes) or the row walk (run_paged); posenc::compiled's where it holds it.
+/// The paged kernel of a call, header-only: the lane kernel over one chunk per entry
+/// (`lanes`, run_paged_lanes) or the row walk (run_paged). posenc::compiled's sources call
+/// this one (a name of its own: paged_kernel below differs between its consumers and them).
+template <class T, class S, class Q, class O, class E>
+void run_paged_kernel(bool lanes, paged_work<T, S>& w, index_t entries, view<const Q> q, view<O> out, E const& enc,
+                      rotation_ids const* rots, paged_strides const& ps, int threads) {
+  // Relative key or value terms (Shaw) never take the lane kernel: it is not compiled for them.
+  if constexpr (!encoder_traits<E>::relative_key_value) {
+    if (lanes) {
+      run_paged_lanes(w, entries, q, out, enc, rots, ps, threads);
+      return;
+    }
+  }
+  run_paged(w, entries, q, out, enc, rots, ps, threads);
+}
+
+/// The paged kernel of a call: posenc::compiled's where it holds it, else run_paged_kernel.
 template <class T, class S, class Q, class O, class E>
 void paged_kernel(bool lanes, paged_work<T, S>& w, index_t entries, view<const Q> q, view<O> out, E const& enc,
                   rotation_ids const* rots, paged_strides const& ps, int threads) {
@@ -270,14 +285,7 @@ void paged_kernel(bool lanes, paged_work<T, S>& w, index_t entries, view<const Q
     return;
   }
 #endif
-  // Relative key or value terms (Shaw) never take the lane kernel: it is not compiled for them.
-  if constexpr (!encoder_traits<E>::relative_key_value) {
-    if (lanes) {
-      run_paged_lanes(w, entries, q, out, enc, rots, ps, threads);
-      return;
-    }
-  }
-  run_paged(w, entries, q, out, enc, rots, ps, threads);
+  run_paged_kernel(lanes, w, entries, q, out, enc, rots, ps, threads);
 }
 
 }  // namespace posenc::detail::fused
