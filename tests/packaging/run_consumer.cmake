@@ -111,6 +111,9 @@ if(KIND STREQUAL "find_package")
            ${_common} ${_posenc_mode} -DPOSENC_BUILD_TESTS=OFF -DPOSENC_BUILD_BENCH=OFF -DPOSENC_BUILD_EXAMPLES=OFF
            -DPOSENC_INSTALL=ON)
   check_cache(posenc-build)
+  if(MODE STREQUAL "compiled")  # the library is built before it is installed
+    run_step("building posenc" ${CMAKE_COMMAND} --build ${WORK}/posenc-build --config Release)
+  endif()
   run_step("installing posenc" ${CMAKE_COMMAND} --install ${WORK}/posenc-build --prefix ${WORK}/prefix --config Release)
   consume(build ${WORK}/prefix)
   consume(build-tree "" -Dposenc_DIR=${WORK}/posenc-build)
