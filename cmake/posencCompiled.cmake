@@ -37,9 +37,15 @@ function(_posenc_compiled_sources tgt)
   endif()
 endfunction()
 
+# The entries (src/compiled/entry.hpp): the whole call of each listed combination, validation
+# and rotation included, built as its consumers are (POSENC_COMPILED=1) and, with dispatch,
+# without -march; their kernel calls reach the levels.
+set(_pc_entries ${_pc_dir}/entry_forward.cpp ${_pc_dir}/entry_backward.cpp)
+set_source_files_properties(${_pc_entries} PROPERTIES COMPILE_DEFINITIONS POSENC_COMPILED=1)
+
 separate_arguments(_pc_flags NATIVE_COMMAND "${POSENC_COMPILED_FLAGS}")
 if(POSENC_COMPILED_DISPATCH)
-  add_library(posenc_compiled STATIC ${_pc_dir}/check.cpp ${_pc_dir}/dispatch.cpp)
+  add_library(posenc_compiled STATIC ${_pc_dir}/check.cpp ${_pc_dir}/dispatch.cpp ${_pc_entries})
   target_compile_options(posenc_compiled PRIVATE ${_pc_flags})
   _posenc_compiled_sources(posenc_compiled)
   target_compile_definitions(posenc_compiled PRIVATE POSENC_COMPILED_DISPATCH=1)
@@ -75,7 +81,7 @@ if(POSENC_COMPILED_DISPATCH)
     target_sources(posenc_compiled PRIVATE ${_out})
   endforeach()
 else()
-  add_library(posenc_compiled STATIC ${_pc_dir}/check.cpp ${_pc_dir}/single.cpp ${_pc_kernels})
+  add_library(posenc_compiled STATIC ${_pc_dir}/check.cpp ${_pc_dir}/single.cpp ${_pc_kernels} ${_pc_entries})
   _posenc_compiled_sources(posenc_compiled)
   target_compile_options(posenc_compiled PRIVATE ${_pc_flags})
   if(POSENC_NATIVE AND CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang" AND NOT POSENC_COMPILED_FLAGS)

@@ -39,6 +39,9 @@ struct dependent_path {
 template <class Path, bool AllowAdditive, class T, class Q, class KV, class O, class E>
 void run_attention(view<const Q> q, view<const KV> k, view<const KV> v, view<O> out, E const& enc,
                    attention_options<T> const& opt, half_masks const& masks16 = {});
+template <class Path, bool AllowAdditive, class T, class Q, class KV, class O, class E>
+void run_attention_here(view<const Q> q, view<const KV> k, view<const KV> v, view<O> out, E const& enc,
+                        attention_options<T> const& opt, half_masks const& masks16);
 
 /// Keys and values of a call without their first `cut` rows, with options that
 /// keep every remaining key and query at its distance: key lengths, masks and
@@ -133,6 +136,24 @@ view<const S> rotated_half_copy(view<const S> x, std::vector<S>& buf, E const& e
 template <class Path, bool AllowAdditive, class T, class Q, class KV, class O, class E>
 void run_attention(view<const Q> q, view<const KV> k, view<const KV> v, view<O> out, E const& enc,
                    attention_options<T> const& opt, half_masks const& masks16) {
+#if POSENC_COMPILED
+  // posenc::compiled holds the whole fused call of its list (compiled/list.hpp): validation,
+  // rotation and kernel, so that a consumer's unit compiles none of them.
+  if constexpr (std::is_same_v<Path, path::fused> && std::is_same_v<T, float> &&
+                compiled_kernels::has_forward<Q, KV, O, E>) {
+    compiled_kernels::check_once();
+    compiled_kernels::attention_call(q, k, v, out, enc, opt, masks16);
+  } else
+#endif
+  {
+    run_attention_here<Path, AllowAdditive>(q, k, v, out, enc, opt, masks16);
+  }
+}
+
+/// run_attention's work in this translation unit.
+template <class Path, bool AllowAdditive, class T, class Q, class KV, class O, class E>
+void run_attention_here(view<const Q> q, view<const KV> k, view<const KV> v, view<O> out, E const& enc,
+                        attention_options<T> const& opt, half_masks const& masks16) {
   constexpr bool half_io = !std::is_same_v<KV, T> || !std::is_same_v<Q, T> || !std::is_same_v<O, T>;
   using traits = encoder_traits<E>;
   if constexpr (has_memory_length<E>::value) {

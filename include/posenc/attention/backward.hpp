@@ -37,6 +37,12 @@ struct backward_path<path::best, D> {
                                   path::fused, path::reference>;
 };
 
+template <class Path, class T, class E>
+void run_attention_backward_here(view<const T> q, view<const T> k, view<const T> v, view<const T> out,
+                                 view<const T> dout, view<T> dq, view<T> dk, view<T> dv, E const& enc,
+                                 attention_options<T> const& opt, encoder_gradients_t<E>& grads,
+                                 half_masks const& masks16);
+
 /// Validates, rotates q and k when the encoder rotates, runs the path, and
 /// rotates dq and dk back (the transposed rotation). `masks16`: additive
 /// masks stored in 16 bits, beside opt's float mask (as in the forward pass).
@@ -45,6 +51,26 @@ void run_attention_backward(view<const T> q, view<const T> k, view<const T> v, v
                             view<const T> dout, view<T> dq, view<T> dk, view<T> dv, E const& enc,
                             attention_options<T> const& opt, encoder_gradients_t<E>& grads,
                             half_masks const& masks16 = {}) {
+#if POSENC_COMPILED
+  // posenc::compiled holds the whole fused backward call of its list (compiled/list.hpp):
+  // validation, rotations and kernel.
+  if constexpr (std::is_same_v<typename backward_path<Path, E>::type, path::fused> &&
+                compiled_kernels::has_backward<T, E>) {
+    compiled_kernels::check_once();
+    compiled_kernels::attention_backward_call(q, k, v, out, dout, dq, dk, dv, enc, opt, grads, masks16);
+  } else
+#endif
+  {
+    run_attention_backward_here<Path>(q, k, v, out, dout, dq, dk, dv, enc, opt, grads, masks16);
+  }
+}
+
+/// run_attention_backward's work in this translation unit.
+template <class Path, class T, class E>
+void run_attention_backward_here(view<const T> q, view<const T> k, view<const T> v, view<const T> out,
+                                 view<const T> dout, view<T> dq, view<T> dk, view<T> dv, E const& enc,
+                                 attention_options<T> const& opt, encoder_gradients_t<E>& grads,
+                                 half_masks const& masks16) {
   using P = typename backward_path<Path, E>::type;
   using K = backward_kernel<P>;
   char const* const w = "posenc::attention_backward";

@@ -15,7 +15,9 @@ namespace posenc::detail::compiled_kernels {
   template <>                                                                                             \
   inline constexpr bool has_forward<Q, KV, O, E> = true;                                                  \
   void forward(attention_plan<float> const& p, view<const Q> q, view<const KV> k, view<const KV> v, view<O> out, \
-               E const& enc, rotation_ids const* rot);
+               E const& enc, rotation_ids const* rot);                                                  \
+  void attention_call(view<const Q> q, view<const KV> k, view<const KV> v, view<O> out, E const& enc,       \
+                      attention_options<float> const& opt, half_masks const& masks16);
 POSENC_COMPILED_FORWARD(POSENC_COMPILED_X)
 #undef POSENC_COMPILED_X
 

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 // What posenc::compiled holds: the combinations of types and encoders whose fused kernels it
-// compiles once, as X-macro lists read by the declarations (compiled/entry.hpp) and by the
+// compiles once, as X-macro lists read by the declarations (compiled/forward.hpp, backward.hpp, paged.hpp) and by the
 // library's sources (src/compiled/).
 #pragma once
 

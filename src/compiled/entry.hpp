@@ -1,0 +1,30 @@
+// SPDX-License-Identifier: MIT
+// posenc::compiled: the entries of its calls (compiled/list.hpp), which a consumer's
+// run_attention and run_attention_backward call instead of compiling them. Built with
+// POSENC_COMPILED=1, as its consumers are, and without -march when the kernels are dispatched:
+// an entry validates, rotates and plans here, and its kernel call routes to the kernels of
+// the CPU's level (kernel<path::fused>::run, backward_kernel<path::fused>::run), the same
+// inline bodies as a consumer's. Errors are thrown from here, never from a level's build.
+#pragma once
+
+#if !POSENC_COMPILED
+#error "posenc::compiled's entries are built with POSENC_COMPILED=1"
+#endif
+
+#include "posenc/attention/attention.hpp"
+#include "posenc/attention/backward.hpp"
+#include "posenc/compiled/list.hpp"
+
+#define POSENC_COMPILED_DEFINE_ENTRY(Q, KV, O, E)                                                        \
+  void attention_call(view<const Q> q, view<const KV> k, view<const KV> v, view<O> out, E const& enc,     \
+                      attention_options<float> const& opt, half_masks const& masks16) {                   \
+    run_attention_here<path::fused, false>(q, k, v, out, enc, opt, masks16);                             \
+  }
+
+#define POSENC_COMPILED_DEFINE_BACKWARD_ENTRY(T, E)                                                      \
+  void attention_backward_call(view<const T> q, view<const T> k, view<const T> v, view<const T> out,     \
+                               view<const T> dout, view<T> dq, view<T> dk, view<T> dv, E const& enc,     \
+                               attention_options<T> const& opt, encoder_gradients_t<E>& grads,          \
+                               half_masks const& masks16) {                                             \
+    run_attention_backward_here<path::fused>(q, k, v, out, dout, dq, dk, dv, enc, opt, grads, masks16); \
+  }

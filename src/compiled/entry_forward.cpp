@@ -1,0 +1,7 @@
+// SPDX-License-Identifier: MIT
+// posenc::compiled: the forward entries of POSENC_COMPILED_FORWARD (compiled/list.hpp).
+#include "entry.hpp"
+
+namespace posenc::detail::compiled_kernels {
+POSENC_COMPILED_FORWARD(POSENC_COMPILED_DEFINE_ENTRY)
+}  // namespace posenc::detail::compiled_kernels
