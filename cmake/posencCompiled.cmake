@@ -40,7 +40,7 @@ endfunction()
 # The entries (src/compiled/entry.hpp): the whole call of each listed combination, validation
 # and rotation included, built as its consumers are (POSENC_COMPILED=1) and, with dispatch,
 # without -march; their kernel calls reach the levels.
-set(_pc_entries ${_pc_dir}/entry_forward.cpp ${_pc_dir}/entry_backward.cpp)
+set(_pc_entries ${_pc_dir}/entry_forward.cpp ${_pc_dir}/entry_backward.cpp ${_pc_dir}/entry_paged.cpp)
 set_source_files_properties(${_pc_entries} PROPERTIES COMPILE_DEFINITIONS POSENC_COMPILED=1)
 
 separate_arguments(_pc_flags NATIVE_COMMAND "${POSENC_COMPILED_FLAGS}")

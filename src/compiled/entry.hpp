@@ -13,6 +13,7 @@
 
 #include "posenc/attention/attention.hpp"
 #include "posenc/attention/backward.hpp"
+#include "posenc/attention/paged_attention.hpp"
 #include "posenc/compiled/list.hpp"
 
 #define POSENC_COMPILED_DEFINE_ENTRY(Q, KV, O, E)                                                        \
@@ -27,4 +28,11 @@
                                attention_options<T> const& opt, encoder_gradients_t<E>& grads,          \
                                half_masks const& masks16) {                                             \
     run_attention_backward_here<path::fused>(q, k, v, out, dout, dq, dk, dv, enc, opt, grads, masks16); \
+  }
+
+#define POSENC_COMPILED_DEFINE_PAGED_ENTRY(S, Q, E)                                                     \
+  void paged_attention_call(view<const Q> q, paged_kv_cache<S> const& cache, span<const index_t> seq_ids, \
+                            view<Q> out, E const& enc, attention_options<float> const& opt,             \
+                            half_masks const& masks16, fused::paged_work<float, S>& work) {             \
+    paged_attention_here<path::fused>(q, cache, seq_ids, out, enc, opt, masks16, work);                  \
   }

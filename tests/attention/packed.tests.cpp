@@ -15,6 +15,7 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <random>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -347,9 +348,16 @@ TEST_CASE("docs/serving.md: a packed causal prefill with RoPE, then one decode s
   std::vector<index_t> const lengths{5, 1, 7};
   std::vector<index_t> const cu = posenc::cumulative_lengths(lengths);  // {0, 5, 6, 13}
   index_t const total = cu.back(), heads = 4, head_dim = 8;
-  auto q = posenc_test::random_vector<float>(total * heads * head_dim, 1);
-  auto k = posenc_test::random_vector<float>(total * heads * head_dim, 2);
-  auto v = posenc_test::random_vector<float>(total * heads * head_dim, 3);
+  auto uniform = [](index_t n, unsigned seed) {  // n seeded values in [-1, 1)
+    std::mt19937_64 gen(seed);
+    std::uniform_real_distribution<double> dist(-1.0, 1.0);
+    std::vector<float> x(static_cast<std::size_t>(n));
+    for (float& e : x) e = static_cast<float>(dist(gen));
+    return x;
+  };
+  auto q = uniform(total * heads * head_dim, 1);
+  auto k = uniform(total * heads * head_dim, 2);
+  auto v = uniform(total * heads * head_dim, 3);
   std::vector<float> out(q.size()), lse(heads * total);
   posenc::rope<float> rope(posenc::rope_layout::half_split, head_dim);
   posenc::attention_options<float> opt;
@@ -369,7 +377,7 @@ TEST_CASE("docs/serving.md: a packed causal prefill with RoPE, then one decode s
   // A decode step: one new query per sequence over its keys (here the prompts' own keys),
   // each query at the position after its sequence's last key (the default: bottom-right).
   std::vector<index_t> const cu_q{0, 1, 2, 3};
-  auto q1 = posenc_test::random_vector<float>(3 * heads * head_dim, 4);
+  auto q1 = uniform(3 * heads * head_dim, 4);
   std::vector<float> out1(q1.size());
   posenc::attention_options<float> step;
   step.q_positions = posenc::position_span::per_batch(lengths);  // token i of sequence s at lengths[s] + i

@@ -218,9 +218,49 @@ namespace detail {
 /// its per-entry rules (batch extent 1 or the entries; key j is the
 /// sequence's token j, the extent cut to each sequence's length).
 template <class Path, class T, class S, class Q, class O, class E>
+void paged_attention_here(view<const Q> q, paged_kv_cache<S> const& cache, span<const index_t> seq_ids,
+                          view<O> out, E const& enc, attention_options<T> const& opt, half_masks const& masks16,
+                          fused::paged_work<T, S>& work);
+
+#if POSENC_COMPILED
+namespace compiled_kernels {
+/// True for the (page storage, q and out, encoder) whose whole paged call the library holds.
+template <class S, class Q, class E>
+inline constexpr bool has_paged_call = false;
+#define POSENC_COMPILED_X(S, Q, E)                                                                     \
+  template <>                                                                                          \
+  inline constexpr bool has_paged_call<S, Q, E> = true;                                                \
+  void paged_attention_call(view<const Q> q, paged_kv_cache<S> const& cache, span<const index_t> seq_ids, \
+                            view<Q> out, E const& enc, attention_options<float> const& opt,             \
+                            half_masks const& masks16, fused::paged_work<float, S>& work);
+POSENC_COMPILED_PAGED_CALLS(POSENC_COMPILED_X)
+#undef POSENC_COMPILED_X
+}  // namespace compiled_kernels
+#endif
+
+/// The paged call: posenc::compiled's entry where the library holds it (validation, plan,
+/// rotation and kernel), else paged_attention_here.
+template <class Path, class T, class S, class Q, class O, class E>
 void paged_attention(view<const Q> q, paged_kv_cache<S> const& cache, span<const index_t> seq_ids, view<O> out,
                      E const& enc, attention_options<T> const& opt, half_masks const& masks16,
                      fused::paged_work<T, S>& work) {
+#if POSENC_COMPILED
+  if constexpr ((std::is_same_v<Path, path::fused> || std::is_same_v<Path, path::best>) &&
+                std::is_same_v<T, float> && std::is_same_v<Q, O> && compiled_kernels::has_paged_call<S, Q, E>) {
+    compiled_kernels::check_once();
+    compiled_kernels::paged_attention_call(q, cache, seq_ids, out, enc, opt, masks16, work);
+  } else
+#endif
+  {
+    paged_attention_here<Path>(q, cache, seq_ids, out, enc, opt, masks16, work);
+  }
+}
+
+/// paged_attention's work in this translation unit.
+template <class Path, class T, class S, class Q, class O, class E>
+void paged_attention_here(view<const Q> q, paged_kv_cache<S> const& cache, span<const index_t> seq_ids,
+                          view<O> out, E const& enc, attention_options<T> const& opt, half_masks const& masks16,
+                          fused::paged_work<T, S>& work) {
   char const* w = "posenc::attention";
   constexpr bool rotates = encoder_traits<E>::rotates_queries_keys;
   bool const stored_rotated = cache.keys_rotated();

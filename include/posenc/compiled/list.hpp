@@ -65,5 +65,14 @@ using rope_alibi = compose<rope<float>, alibi<float>>;
   POSENC_COMPILED_PAGED_HALF(X)   \
   POSENC_COMPILED_PAGED_BF16(X)
 
+/// X(S, Q, E) for every paged call the library holds whole (its entry: q and out of type Q,
+/// float or the page type S).
+#define POSENC_COMPILED_PAGED_CALLS(X)                          \
+  POSENC_COMPILED_ENCODERS(X, float, float)                      \
+  POSENC_COMPILED_ENCODERS(X, Eigen::half, float)                \
+  POSENC_COMPILED_ENCODERS(X, Eigen::half, Eigen::half)          \
+  POSENC_COMPILED_ENCODERS(X, Eigen::bfloat16, float)            \
+  POSENC_COMPILED_ENCODERS(X, Eigen::bfloat16, Eigen::bfloat16)
+
 /// X(T, E) for every backward kernel (float tensors).
 #define POSENC_COMPILED_BACKWARD(X) POSENC_COMPILED_ENCODERS(X, float)
