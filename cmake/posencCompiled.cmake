@@ -39,18 +39,22 @@ endfunction()
 
 # The entries (src/compiled/entry.hpp): the whole call of each listed combination, validation
 # and rotation included, built as its consumers are (POSENC_COMPILED=1) and, with dispatch,
-# without -march; their kernel calls reach the levels.
+# without -march, as one more isolated object ("entry": its inline functions are built for
+# another instruction set than the consumer's, so none may be shared); their kernel calls
+# reach the levels through the dispatcher.
 set(_pc_entries ${_pc_dir}/entry_forward.cpp ${_pc_dir}/entry_backward.cpp ${_pc_dir}/entry_paged.cpp)
 set_source_files_properties(${_pc_entries} PROPERTIES COMPILE_DEFINITIONS POSENC_COMPILED=1)
 
 separate_arguments(_pc_flags NATIVE_COMMAND "${POSENC_COMPILED_FLAGS}")
 if(POSENC_COMPILED_DISPATCH)
-  add_library(posenc_compiled STATIC ${_pc_dir}/check.cpp ${_pc_dir}/dispatch.cpp ${_pc_entries})
+  add_library(posenc_compiled STATIC ${_pc_dir}/check.cpp ${_pc_dir}/dispatch.cpp)
   target_compile_options(posenc_compiled PRIVATE ${_pc_flags})
   _posenc_compiled_sources(posenc_compiled)
   target_compile_definitions(posenc_compiled PRIVATE POSENC_COMPILED_DISPATCH=1)
-  foreach(_level sse2 avx2 avx512 avx512_bf16)
-    if(_level STREQUAL "sse2")
+  foreach(_level entry sse2 avx2 avx512 avx512_bf16)
+    if(_level STREQUAL "entry")
+      set(_flags "")
+    elseif(_level STREQUAL "sse2")
       set(_flags -march=x86-64)
     elseif(_level STREQUAL "avx2")
       set(_flags -march=haswell)
@@ -62,11 +66,15 @@ if(POSENC_COMPILED_DISPATCH)
     set(_srcs ${_pc_kernels})
     if(_level STREQUAL "avx512_bf16")
       set(_srcs ${_pc_forward})  # the bfloat16 product mode is a forward kernel's
+    elseif(_level STREQUAL "entry")
+      set(_srcs ${_pc_entries})
     endif()
     set(_objs posenc_compiled_${_level})
     add_library(${_objs} OBJECT ${_srcs})
     _posenc_compiled_sources(${_objs})
-    target_compile_definitions(${_objs} PRIVATE POSENC_COMPILED_LEVEL=${_level})
+    if(NOT _level STREQUAL "entry")
+      target_compile_definitions(${_objs} PRIVATE POSENC_COMPILED_LEVEL=${_level})
+    endif()
     if(_level STREQUAL "avx512_bf16")
       target_compile_definitions(${_objs} PRIVATE POSENC_COMPILED_BF16_LEVEL=1)
     endif()

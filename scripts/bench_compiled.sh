@@ -3,7 +3,8 @@
 # and posenc_bench_attention_backward (-march=native, header-only) beside their _compiled builds
 # (no -march; posenc::compiled picks its level at run time), alternated ROUNDS times on the
 # rows of docs/performance.md ("Compiled mode"). Optionally a third build (OTHER=<bench dir>,
-# e.g. another checkout's build/release/bench) for a before/after.
+# e.g. another checkout's build/release/bench) for a before/after: its header-only benches, or
+# its compiled ones with OTHER_SUFFIX=_compiled.
 #   bash scripts/bench_compiled.sh [build dir]      (default build/release)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,7 +27,7 @@ for r in $(seq "$rounds"); do
     run native "$dir/posenc_bench_$b" "$f"
     run compiled "$dir/posenc_bench_${b}_compiled" "$f"
     if [ -n "${OTHER:-}" ]; then
-      run other "$OTHER/posenc_bench_$b" "$f"
+      run other "$OTHER/posenc_bench_$b${OTHER_SUFFIX:-}" "$f"
     fi
   done
 done

@@ -1,13 +1,43 @@
 #!/usr/bin/env bash
-# Installs the Debian packages posenc's build, tests, benches and examples use (when missing).
-# `deps.sh --list` prints the package names instead.
+# Installs the Debian packages of one set (when missing):
+#   deps.sh [tour|test|all]          (default all)
+#   deps.sh --list [tour|test|all]   prints the set's package names instead
+# tour: what scripts/tour.sh needs to configure and build the tour with the tests and benches off:
+#       the compiler and build tools, Eigen, xsimd and stb (the examples draw PNG pictures). OpenMP
+#       comes with g++; MPI, Google Benchmark, Catch2 and Python are looked up only when found or
+#       when tests or benches are on.
+# test: what scripts/test.sh needs (the whole suite). python3 runs the docs checks (ctest
+#       docs.code_blocks and docs.links); the golden values are checked in, so their generators'
+#       numpy and torch are not needed. clang-14 and its runtime libraries build the sanitizer test
+#       build, the libFuzzer harnesses and the ThreadSanitizer test; libomp-14-dev is clang's
+#       OpenMP. fortunes-min is the lab's training text.
+# all:  the union of both.
 set -euo pipefail
-# (OpenMP comes with g++; python is not needed: golden values are checked in. clang-14 and its
-# runtime libraries build the sanitizer test build, the libFuzzer harnesses and the ThreadSanitizer
-# test; libomp-14-dev is clang's OpenMP.)
-pkgs=(cmake g++ make libeigen3-dev libxsimd-dev catch2 libbenchmark-dev libstb-dev clang-14 libclang-rt-14-dev libomp-14-dev
-      libopenmpi-dev openmpi-bin fortunes-min)
-if [ "${1:-}" = "--list" ]; then
+tour=(cmake g++ make libeigen3-dev libxsimd-dev libstb-dev)
+test=(cmake g++ make libeigen3-dev libxsimd-dev catch2 libbenchmark-dev libstb-dev clang-14 libclang-rt-14-dev libomp-14-dev
+      libopenmpi-dev openmpi-bin fortunes-min python3)
+
+list=0
+set_name=all
+for arg in "$@"; do
+  case "$arg" in
+    --list) list=1 ;;
+    tour|test|all) set_name=$arg ;;
+    *) echo "deps.sh: unknown argument '$arg', expected tour, test, all or --list" >&2; exit 2 ;;
+  esac
+done
+
+pkgs=()
+case "$set_name" in
+  tour) pkgs=("${tour[@]}") ;;
+  test) pkgs=("${test[@]}") ;;
+  all)  # the union, in first-seen order
+    for p in "${tour[@]}" "${test[@]}"; do
+      case " ${pkgs[*]} " in *" $p "*) ;; *) pkgs+=("$p") ;; esac
+    done ;;
+esac
+
+if [ "$list" = 1 ]; then
   echo "${pkgs[*]}"
   exit 0
 fi

@@ -9,7 +9,8 @@ process CPU time (the bench machine is shared; CPU time excludes the time the
 thread waited for a core); two-thread rates from the wall-clock time; decode
 entries from their manual time (the call alone: a read of K and V follows each
 call, and its ratio is the entry's x_stream counter).
-With --table, prints the Markdown table of docs/performance.md.
+With --table, prints the Markdown table of the run: docs/performance.md ("Attention")
+shows its main rows, docs/performance-log.md all of them.
 """
 import json
 import re

@@ -1,10 +1,16 @@
 // SPDX-License-Identifier: MIT
-// posenc::compiled: the entries of its calls (compiled/list.hpp), which a consumer's
-// run_attention and run_attention_backward call instead of compiling them. Built with
-// POSENC_COMPILED=1, as its consumers are, and without -march when the kernels are dispatched:
-// an entry validates, rotates and plans here, and its kernel call routes to the kernels of
-// the CPU's level (kernel<path::fused>::run, backward_kernel<path::fused>::run), the same
-// inline bodies as a consumer's. Errors are thrown from here, never from a level's build.
+// posenc::compiled: the entries of its calls (compiled/list.hpp, namespace
+// posenc::detail::compiled_kernels::entry), which a consumer's run_attention,
+// run_attention_backward and paged_attention call instead of compiling them. Built with
+// POSENC_COMPILED=1, as its consumers are: an entry validates, plans and rotates here, and its
+// kernel call routes to the library's kernels (kernel<path::fused>::run,
+// backward_kernel<path::fused>::run, fused::paged_kernel), every one of which must be in the
+// lists (tests/compiled/entries_call_levels.cmake). With dispatch the entries are built without
+// -march, as one isolated object (cmake/posenc_isolate.sh, level "entry"): the inline functions
+// they compile for the baseline instruction set are theirs alone, never the ones of a consumer
+// built with other flags (sharing them would let a function built for one vector width run
+// with buffers sized for another). posenc::error is thrown from here as from a consumer's own
+// call (a catch matches the type by name).
 #pragma once
 
 #if !POSENC_COMPILED

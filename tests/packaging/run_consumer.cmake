@@ -9,6 +9,9 @@
 # build tree (export()) without installing. MODE compiled: the consumer links posenc::compiled
 # (POSENC_COMPILED=ON; with dispatch for fetch_content and find_package, without for
 # add_subdirectory), its kernels built at -O0 (this checks the plumbing, not the speed).
+# REJECT_VERSION (KIND find_package, with -DPOSENC_DIR=<a posenc build tree>): the consumer asks
+# find_package for that version instead, and its configure must fail on the version check,
+# before anything is configured further or built.
 file(REMOVE_RECURSE ${WORK})
 file(MAKE_DIRECTORY ${WORK})
 set(_init_text "")
@@ -105,7 +108,33 @@ function(consume dir extra_prefix)
   message(STATUS "${dir}: ${step_output}")
 endfunction()
 
-if(KIND STREQUAL "find_package")
+# The version of the headers (include/posenc/core/version.hpp), as CMake reads it.
+file(STRINGS ${SRC}/include/posenc/core/version.hpp _defines REGEX "#define POSENC_VERSION_(MAJOR|MINOR|PATCH) ")
+set(_version "")
+foreach(_part MAJOR MINOR PATCH)
+  string(REGEX MATCH "POSENC_VERSION_${_part} ([0-9]+)" _m "${_defines}")
+  list(APPEND _version ${CMAKE_MATCH_1})
+endforeach()
+string(REPLACE ";" "." _version "${_version}")
+
+if(REJECT_VERSION)
+  init_cache(reject "")
+  execute_process(COMMAND ${CMAKE_COMMAND} -C ${WORK}/reject-init.cmake -S ${SRC}/tests/packaging/find_package
+                          -B ${WORK}/reject -DPOSENC_SOURCE_DIR=${SRC} -Dposenc_DIR=${POSENC_DIR}
+                          -DCONSUMER_VERSION=${REJECT_VERSION} ${_common}
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  # CMake wraps its error text: compare with the whitespace folded.
+  string(REGEX REPLACE "[ \t\r\n]+" " " _text "${out} ${err}")
+  string(REPLACE "." "\\." _want_request "requested version \"${REJECT_VERSION}\"")
+  string(REPLACE "." "\\." _want_found "posencConfig.cmake, version: ${_version}")
+  if(rc EQUAL 0)
+    message(FATAL_ERROR "find_package(posenc ${REJECT_VERSION}) accepted posenc ${_version}:\n${out}\n${err}")
+  elseif(NOT _text MATCHES "${_want_request}" OR NOT _text MATCHES "${_want_found}")
+    message(FATAL_ERROR "the consumer's configure failed, but not on the version check of posenc "
+                        "${_version} against ${REJECT_VERSION} (${rc}):\n${out}\n${err}")
+  endif()
+  message(STATUS "find_package(posenc ${REJECT_VERSION}) refuses posenc ${_version}: ok")
+elseif(KIND STREQUAL "find_package")
   init_cache(posenc-build "")
   run_step("configuring posenc" ${CMAKE_COMMAND} -C ${WORK}/posenc-build-init.cmake -S ${SRC} -B ${WORK}/posenc-build
            ${_common} ${_posenc_mode} -DPOSENC_BUILD_TESTS=OFF -DPOSENC_BUILD_BENCH=OFF -DPOSENC_BUILD_EXAMPLES=OFF
@@ -117,7 +146,8 @@ if(KIND STREQUAL "find_package")
   run_step("installing posenc" ${CMAKE_COMMAND} --install ${WORK}/posenc-build --prefix ${WORK}/prefix --config Release)
   consume(build ${WORK}/prefix)
   consume(build-tree "" -Dposenc_DIR=${WORK}/posenc-build)
+  message(STATUS "${KIND} ${MODE} consumer: ok")
 else()
   consume(build "")
+  message(STATUS "${KIND} ${MODE} consumer: ok")
 endif()
-message(STATUS "${KIND} ${MODE} consumer: ok")

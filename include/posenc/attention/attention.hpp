@@ -142,7 +142,7 @@ void run_attention(view<const Q> q, view<const KV> k, view<const KV> v, view<O> 
   if constexpr (std::is_same_v<Path, path::fused> && std::is_same_v<T, float> &&
                 compiled_kernels::has_forward<Q, KV, O, E>) {
     compiled_kernels::check_once();
-    compiled_kernels::attention_call(q, k, v, out, enc, opt, masks16);
+    compiled_kernels::entry::attention_call(q, k, v, out, enc, opt, masks16);
   } else
 #endif
   {

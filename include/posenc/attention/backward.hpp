@@ -57,7 +57,7 @@ void run_attention_backward(view<const T> q, view<const T> k, view<const T> v, v
   if constexpr (std::is_same_v<typename backward_path<Path, E>::type, path::fused> &&
                 compiled_kernels::has_backward<T, E>) {
     compiled_kernels::check_once();
-    compiled_kernels::attention_backward_call(q, k, v, out, dout, dq, dk, dv, enc, opt, grads, masks16);
+    compiled_kernels::entry::attention_backward_call(q, k, v, out, dout, dq, dk, dv, enc, opt, grads, masks16);
   } else
 #endif
   {

@@ -41,7 +41,7 @@ inline index_t kv_grown_capacity(index_t cap, index_t tokens, index_t batch, ind
 /// Storage: head-major, (batch, kv_heads, capacity, dim), grown
 /// geometrically: the keys of one kv head lie one after another, so that a
 /// decode step reads each head's keys and values as plain runs through memory
-/// (the fused path walks head-major K and V head by head; docs/performance.md).
+/// (the fused path walks head-major K and V head by head; docs/performance-log.md).
 /// keys() and values() are strided views of it, indexed (batch, token, head, dim)
 /// as every view is.
 /// @tparam T float or double, or a 16-bit storage type (Eigen::half,

@@ -230,9 +230,11 @@ inline constexpr bool has_paged_call = false;
 #define POSENC_COMPILED_X(S, Q, E)                                                                     \
   template <>                                                                                          \
   inline constexpr bool has_paged_call<S, Q, E> = true;                                                \
+  namespace entry {                                                                                    \
   void paged_attention_call(view<const Q> q, paged_kv_cache<S> const& cache, span<const index_t> seq_ids, \
                             view<Q> out, E const& enc, attention_options<float> const& opt,             \
-                            half_masks const& masks16, fused::paged_work<float, S>& work);
+                            half_masks const& masks16, fused::paged_work<float, S>& work);               \
+  }
 POSENC_COMPILED_PAGED_CALLS(POSENC_COMPILED_X)
 #undef POSENC_COMPILED_X
 }  // namespace compiled_kernels
@@ -248,7 +250,7 @@ void paged_attention(view<const Q> q, paged_kv_cache<S> const& cache, span<const
   if constexpr ((std::is_same_v<Path, path::fused> || std::is_same_v<Path, path::best>) &&
                 std::is_same_v<T, float> && std::is_same_v<Q, O> && compiled_kernels::has_paged_call<S, Q, E>) {
     compiled_kernels::check_once();
-    compiled_kernels::paged_attention_call(q, cache, seq_ids, out, enc, opt, masks16, work);
+    compiled_kernels::entry::paged_attention_call(q, cache, seq_ids, out, enc, opt, masks16, work);
   } else
 #endif
   {

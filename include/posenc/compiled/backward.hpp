@@ -19,12 +19,19 @@ inline constexpr bool has_backward = false;
   template <>                                                                                   \
   inline constexpr bool has_backward<T, E> = true;                                              \
   void backward(attention_plan<T> const& p, backward_views<T> const& io, E const& enc,           \
-                encoder_gradients_t<E>& grads);                                                  \
-  void attention_backward_call(view<const T> q, view<const T> k, view<const T> v, view<const T> out,     \
-                               view<const T> dout, view<T> dq, view<T> dk, view<T> dv, E const& enc,     \
-                               attention_options<T> const& opt, encoder_gradients_t<E>& grads,          \
+                encoder_gradients_t<E>& grads);
+POSENC_COMPILED_BACKWARD(POSENC_COMPILED_X)
+#undef POSENC_COMPILED_X
+
+/// The library's backward entries (see compiled/forward.hpp).
+namespace entry {
+#define POSENC_COMPILED_X(T, E)                                                                        \
+  void attention_backward_call(view<const T> q, view<const T> k, view<const T> v, view<const T> out,   \
+                               view<const T> dout, view<T> dq, view<T> dk, view<T> dv, E const& enc,   \
+                               attention_options<T> const& opt, encoder_gradients_t<E>& grads,        \
                                half_masks const& masks16);
 POSENC_COMPILED_BACKWARD(POSENC_COMPILED_X)
 #undef POSENC_COMPILED_X
+}  // namespace entry
 
 }  // namespace posenc::detail::compiled_kernels

@@ -34,14 +34,21 @@ using rope_alibi = compose<rope<float>, alibi<float>>;
   X(__VA_ARGS__, ::posenc::compiled::rope_alibi)
 
 /// X(Q, KV, O, E) for every forward (contiguous) kernel: q, k and v, out as stored, computed
-/// in float. Float tensors; a 16-bit cache or K/V with float q and out; all four 16-bit.
-/// One list per storage (one source file of the library each).
+/// in float. Float tensors; a 16-bit cache or K/V with float q and out; all four 16-bit, and
+/// all 16-bit but q, which is how an all-16-bit call whose q is rotated or shifted reaches the
+/// kernel (q as a float copy, never rounded). One list per storage (one source file of the
+/// library each). Every kernel an entry of the library calls must be in these lists, or the
+/// entry would compile it for the entries' own instruction set (tests/compiled checks that
+/// none does).
 #define POSENC_COMPILED_FORWARD_FLOAT(X) POSENC_COMPILED_ENCODERS(X, float, float, float)
 #define POSENC_COMPILED_FORWARD_HALF_KV(X) POSENC_COMPILED_ENCODERS(X, float, Eigen::half, float)
-#define POSENC_COMPILED_FORWARD_HALF(X) POSENC_COMPILED_ENCODERS(X, Eigen::half, Eigen::half, Eigen::half)
+#define POSENC_COMPILED_FORWARD_HALF(X)                                 \
+  POSENC_COMPILED_ENCODERS(X, Eigen::half, Eigen::half, Eigen::half)     \
+  POSENC_COMPILED_ENCODERS(X, float, Eigen::half, Eigen::half)
 #define POSENC_COMPILED_FORWARD_BF16_KV(X) POSENC_COMPILED_ENCODERS(X, float, Eigen::bfloat16, float)
-#define POSENC_COMPILED_FORWARD_BF16(X) \
-  POSENC_COMPILED_ENCODERS(X, Eigen::bfloat16, Eigen::bfloat16, Eigen::bfloat16)
+#define POSENC_COMPILED_FORWARD_BF16(X)                                            \
+  POSENC_COMPILED_ENCODERS(X, Eigen::bfloat16, Eigen::bfloat16, Eigen::bfloat16)    \
+  POSENC_COMPILED_ENCODERS(X, float, Eigen::bfloat16, Eigen::bfloat16)
 #define POSENC_COMPILED_FORWARD(X)  \
   POSENC_COMPILED_FORWARD_FLOAT(X)   \
   POSENC_COMPILED_FORWARD_HALF_KV(X) \

@@ -47,7 +47,7 @@ namespace posenc::detail::fused {
 /// of the next step's K and V rows (of every kv head the units cover, in
 /// memory order). Each unit fetching its own head's next rows among its
 /// loads, as the head-major walk does (row_tile's `ahead`), was slower here.
-/// Measured (docs/performance.md): 0.6x to 0.85x the time of the whole-tile
+/// Measured (docs/performance-log.md): 0.6x to 0.85x the time of the whole-tile
 /// walk. `decode_step_v<Tr, KV, E>` (fused/row_kernel.hpp) is the step; a
 /// walk over gathered pages takes the same steps, so that both give the same
 /// bits. Encoders with Shaw-like terms (relative_key_value) never reach the
@@ -173,7 +173,7 @@ bool head_major(view<const KV> k, view<const KV> v) noexcept {
 /// Head-major K and V take the per-head row items whatever the encoder: each
 /// (b, kv head) then reads its own keys and values as two plain runs through
 /// memory, which the hardware prefetchers follow better than the decode
-/// walk's front across every head of a token (docs/performance.md, "Decode
+/// walk's front across every head of a token (docs/performance-log.md, "Decode
 /// through a kv_cache").
 template <class Tr, class T, class Q, class KV, class O, class E>
 void run_row_kernel(attention_plan<T> const& p, view<const Q> q, view<const KV> k, view<const KV> v, view<O> out,

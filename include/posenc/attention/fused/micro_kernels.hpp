@@ -60,7 +60,7 @@ constexpr int register_block(int per, int extra, index_t cap) noexcept {
 /// arrives, and the decode walks issue one per line they load: on a Zen 4
 /// core that capped a decode near half the core's read bandwidth, and a fetch
 /// into L2 took the 16-bit kv_cache decode from 1.8 to 2.1 times the read of
-/// its bytes to 1.5 (docs/performance.md); the L1 prefetcher brings the lines
+/// its bytes to 1.5 (docs/performance-log.md); the L1 prefetcher brings the lines
 /// on from L2 as the step loads them.
 template <class S>
 POSENC_ALWAYS_INLINE void fetch_line(S const* at) noexcept {

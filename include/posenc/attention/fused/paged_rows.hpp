@@ -164,7 +164,7 @@ void paged_row_tile(attention_plan<T> const& p, paged_tile_rows<T, S> const& tr,
 /// misses before they fetch ahead. Two early lines start them: on an Intel
 /// Xeon (family 6, model 167) a decode over pages scattered in a fragmented
 /// pool went from 1.25-1.44 to 1.14-1.20 times the contiguous decode; one line
-/// measured about halfway, 4 and 8 no better, 32 worse (docs/performance.md).
+/// measured about halfway, 4 and 8 no better, 32 worse (docs/performance-log.md).
 inline constexpr index_t prime_lines_v = 2;
 
 /// Row group u (kv head u / groups, group u % groups) of the chunk's entry
@@ -198,7 +198,7 @@ void paged_item(attention_plan<T> const& p, view<const Q> q, paged_run<S> const*
   constexpr index_t step_v = decode_step_v<Tr, S, E>;
   // Float rows fetch fetch_ahead keys on, as row_steps does; 16-bit rows
   // keep fetching the whole next step, which measured faster over scattered
-  // pages than a quarter step (docs/performance.md).
+  // pages than a quarter step (docs/performance-log.md).
   index_t const ahead = std::is_same_v<S, T> ? fetch_ahead<Tr, S, E>(rr.n) : step_v;
   paged_tile_rows<T, S> tr;
   index_t ri = ch.r0, prime = ch.r0;

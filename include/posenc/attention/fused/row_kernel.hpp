@@ -225,7 +225,7 @@ void guarded_rerun(Run const& run, Finite const& finite) noexcept {
 /// per-head walk, row_item_tiles): a whole key tile for a float cache and
 /// for Shaw terms; half_decode_step_v keys (one score block of 16) for a
 /// 16-bit cache, whose rows are half as long per head: smaller steps keep the
-/// reads of K and V spread among the arithmetic (docs/performance.md).
+/// reads of K and V spread among the arithmetic (docs/performance-log.md).
 template <class Tr, class KV, class E>
 inline constexpr index_t decode_step_v =
     std::is_same_v<KV, typename Tr::value_type> || encoder_traits<E>::relative_key_value ? Tr::block_kv_v
@@ -238,7 +238,7 @@ inline constexpr index_t decode_step_v =
 /// quarter of a 16-bit one (4 keys). Fetching a whole step ahead left that
 /// decode waiting on memory about as long as it computed; on a Zen 4 core
 /// 8 keys measured at or below 2 to 64 for float, and 4 keys within the
-/// spread of 2 and 6 for both 16-bit types (docs/performance.md). Several
+/// spread of 2 and 6 for both 16-bit types (docs/performance-log.md). Several
 /// rows (GQA), whose steps compute longer and read K side by side, measured
 /// slower with it and fetch the next step.
 template <class Tr, class KV, class E>
@@ -253,7 +253,7 @@ constexpr index_t fetch_ahead(index_t rows) noexcept {
 /// over their visible keys [rr.first, rr.last) of (b, hk); `Guard` as in
 /// row_tile. A step followed by a whole one fetches, among its own loads,
 /// line by line, the rows fetch_ahead keys on (a run of fetches before the
-/// step's arithmetic stalls it: docs/performance.md); the last, shorter
+/// step's arithmetic stalls it: docs/performance-log.md); the last, shorter
 /// step is fetched all at once. The steps are the decode walk's, laid from
 /// the first visible key: where the rows' keys start together, both walks
 /// give the same bits; so does the walk over gathered pages (fused/paged_rows.hpp).

@@ -85,7 +85,7 @@ POSENC_ALWAYS_INLINE void reduce_scores(typename Tr::value_type const (*part)[si
 /// bits. Read side by side (8 rows, dim d of each, then d + width), the
 /// kv_cache decodes from memory took 1.3 to 1.6 (float) and 1.3 to 1.4
 /// (bfloat16) times the read of their bytes on a Zen 4 core; in memory order
-/// about 1.0 to 1.1 (docs/performance.md).
+/// about 1.0 to 1.1 (docs/performance-log.md).
 template <class Tr, bool Fetch, class Rows, class FetchRows>
 inline void one_row_scores(typename Tr::value_type const* q, Rows const& krow, FetchRows const& fetch_row,
                            index_t nk, index_t head_dim, typename Tr::value_type* s) noexcept {
@@ -242,7 +242,7 @@ inline void row_values(typename Tr::value_type const* const* pr, typename Tr::va
   // One row (NG == 1) over V with a pair order of its own: o put in that
   // order as it is loaded, and back as it is stored. (Kept out of `chunk`:
   // GCC then calls `chunk` out of line for several rows, 7 to 14% slower
-  // 16-bit GQA decode; docs/performance.md.)
+  // 16-bit GQA decode; docs/performance-log.md.)
   auto paired_chunk = [&](index_t d, auto cw) {
     constexpr int C = decltype(cw)::value;
     B acc[size_v<C>];

@@ -39,7 +39,7 @@ POSENC_ALWAYS_INLINE simd::batch<T, A> load_stored(S const* p) noexcept {
 /// extension and a shift). The row micro-kernels take that form for one row
 /// per kv head (NG == 1), putting q, or the output, in the pair order once per
 /// 16 keys or per step; with several rows the permutes cost more than the
-/// widening saves (GQA 32 / 8: 1.6 against 1.4 ms, docs/performance.md).
+/// widening saves (GQA 32 / 8: 1.6 against 1.4 ms, docs/performance-log.md).
 template <class T, class A, class S>
 inline constexpr bool pairs_permuted_v = [] {
   if constexpr (std::is_same_v<T, float> && is_half_storage_v<S>)
