@@ -38,10 +38,8 @@ function(_posenc_compiled_sources tgt)
 endfunction()
 
 # The entries (src/compiled/entry.hpp): the whole call of each listed combination, validation
-# and rotation included, built as its consumers are (POSENC_COMPILED=1) and, with dispatch,
-# without -march, as one more isolated object ("entry": its inline functions are built for
-# another instruction set than the consumer's, so none may be shared); their kernel calls
-# reach the levels through the dispatcher.
+# and rotation included, built as its consumers are (POSENC_COMPILED=1); with dispatch, by
+# every level beside its kernels (isolated with them), and called through dispatch.cpp.
 set(_pc_entries ${_pc_dir}/entry_forward.cpp ${_pc_dir}/entry_backward.cpp ${_pc_dir}/entry_paged.cpp)
 set_source_files_properties(${_pc_entries} PROPERTIES COMPILE_DEFINITIONS POSENC_COMPILED=1)
 
@@ -51,10 +49,8 @@ if(POSENC_COMPILED_DISPATCH)
   target_compile_options(posenc_compiled PRIVATE ${_pc_flags})
   _posenc_compiled_sources(posenc_compiled)
   target_compile_definitions(posenc_compiled PRIVATE POSENC_COMPILED_DISPATCH=1)
-  foreach(_level entry sse2 avx2 avx512 avx512_bf16)
-    if(_level STREQUAL "entry")
-      set(_flags "")
-    elseif(_level STREQUAL "sse2")
+  foreach(_level sse2 avx2 avx512 avx512_bf16)
+    if(_level STREQUAL "sse2")
       set(_flags -march=x86-64)
     elseif(_level STREQUAL "avx2")
       set(_flags -march=haswell)
@@ -63,18 +59,14 @@ if(POSENC_COMPILED_DISPATCH)
     else()
       set(_flags -march=x86-64-v4 -mavx512bf16)
     endif()
-    set(_srcs ${_pc_kernels})
+    set(_srcs ${_pc_kernels} ${_pc_entries})
     if(_level STREQUAL "avx512_bf16")
       set(_srcs ${_pc_forward})  # the bfloat16 product mode is a forward kernel's
-    elseif(_level STREQUAL "entry")
-      set(_srcs ${_pc_entries})
     endif()
     set(_objs posenc_compiled_${_level})
     add_library(${_objs} OBJECT ${_srcs})
     _posenc_compiled_sources(${_objs})
-    if(NOT _level STREQUAL "entry")
-      target_compile_definitions(${_objs} PRIVATE POSENC_COMPILED_LEVEL=${_level})
-    endif()
+    target_compile_definitions(${_objs} PRIVATE POSENC_COMPILED_LEVEL=${_level})
     if(_level STREQUAL "avx512_bf16")
       target_compile_definitions(${_objs} PRIVATE POSENC_COMPILED_BF16_LEVEL=1)
     endif()
@@ -89,13 +81,18 @@ if(POSENC_COMPILED_DISPATCH)
     target_sources(posenc_compiled PRIVATE ${_out})
   endforeach()
 else()
-  add_library(posenc_compiled STATIC ${_pc_dir}/check.cpp ${_pc_dir}/single.cpp ${_pc_kernels} ${_pc_entries})
-  _posenc_compiled_sources(posenc_compiled)
-  target_compile_options(posenc_compiled PRIVATE ${_pc_flags})
-  if(POSENC_NATIVE AND CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang" AND NOT POSENC_COMPILED_FLAGS)
-    # The instruction set of posenc's own tests, benches and examples, which link it.
-    target_compile_options(posenc_compiled PRIVATE -march=native)
-  endif()
+  # The entries in an object library of their own (tests/compiled reads their objects).
+  add_library(posenc_compiled_entries OBJECT ${_pc_entries})
+  add_library(posenc_compiled STATIC ${_pc_dir}/check.cpp ${_pc_dir}/single.cpp ${_pc_kernels}
+              $<TARGET_OBJECTS:posenc_compiled_entries>)
+  foreach(_tgt posenc_compiled posenc_compiled_entries)
+    _posenc_compiled_sources(${_tgt})
+    target_compile_options(${_tgt} PRIVATE ${_pc_flags})
+    if(POSENC_NATIVE AND CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang" AND NOT POSENC_COMPILED_FLAGS)
+      # The instruction set of posenc's own tests, benches and examples, which link it.
+      target_compile_options(${_tgt} PRIVATE -march=native)
+    endif()
+  endforeach()
 endif()
 add_library(posenc::compiled ALIAS posenc_compiled)
 set_target_properties(posenc_compiled PROPERTIES EXPORT_NAME compiled OUTPUT_NAME posenc_compiled)

@@ -111,6 +111,40 @@ POSENC_COMPILED_FORWARD(POSENC_COMPILED_DISPATCH_FORWARD)
 POSENC_COMPILED_PAGED(POSENC_COMPILED_DISPATCH_PAGED)
 POSENC_COMPILED_BACKWARD(POSENC_COMPILED_DISPATCH_BACKWARD)
 
+// The entries a consumer's call reaches (declared in compiled/forward.hpp, backward.hpp and
+// attention/paged_attention.hpp): the active level's build of the whole call (the avx512_bf16
+// level's calls run on avx512's entries, whose kernel calls come back here with the products
+// mode).
+#define POSENC_COMPILED_LEVEL_CALL(f, ...)                     \
+  switch (kernel_level(active_level())) {                      \
+    case avx512_v: return avx512::f(__VA_ARGS__);              \
+    case avx2_v: return avx2::f(__VA_ARGS__);                  \
+    default: return sse2::f(__VA_ARGS__);                      \
+  }
+#define POSENC_COMPILED_DISPATCH_ENTRY(Q, KV, O, E)                                                     \
+  void attention_call(view<const Q> q, view<const KV> k, view<const KV> v, view<O> out, E const& enc,   \
+                      attention_options<float> const& opt, half_masks const& masks16) {                 \
+    POSENC_COMPILED_LEVEL_CALL(attention_call, q, k, v, out, enc, opt, masks16)                         \
+  }
+#define POSENC_COMPILED_DISPATCH_BACKWARD_ENTRY(T, E)                                                   \
+  void attention_backward_call(view<const T> q, view<const T> k, view<const T> v, view<const T> out,   \
+                               view<const T> dout, view<T> dq, view<T> dk, view<T> dv, E const& enc,   \
+                               attention_options<T> const& opt, encoder_gradients_t<E>& grads,        \
+                               half_masks const& masks16) {                                           \
+    POSENC_COMPILED_LEVEL_CALL(attention_backward_call, q, k, v, out, dout, dq, dk, dv, enc, opt, grads, masks16) \
+  }
+#define POSENC_COMPILED_DISPATCH_PAGED_ENTRY(S, Q, E)                                                   \
+  void paged_attention_call(view<const Q> q, paged_kv_cache<S> const& cache, span<const index_t> seq_ids, \
+                            view<Q> out, E const& enc, attention_options<float> const& opt,             \
+                            half_masks const& masks16, fused::paged_work<float, S>& work) {             \
+    POSENC_COMPILED_LEVEL_CALL(paged_attention_call, q, cache, seq_ids, out, enc, opt, masks16, work)     \
+  }
+namespace entry {
+POSENC_COMPILED_FORWARD(POSENC_COMPILED_DISPATCH_ENTRY)
+POSENC_COMPILED_BACKWARD(POSENC_COMPILED_DISPATCH_BACKWARD_ENTRY)
+POSENC_COMPILED_PAGED_CALLS(POSENC_COMPILED_DISPATCH_PAGED_ENTRY)
+}  // namespace entry
+
 index_t lane_min_rows() {
   switch (kernel_level(active_level())) {
     case avx512_v: return avx512::lane_min_rows();

@@ -1,16 +1,16 @@
 // SPDX-License-Identifier: MIT
-// posenc::compiled: the entries of its calls (compiled/list.hpp, namespace
-// posenc::detail::compiled_kernels::entry), which a consumer's run_attention,
-// run_attention_backward and paged_attention call instead of compiling them. Built with
-// POSENC_COMPILED=1, as its consumers are: an entry validates, plans and rotates here, and its
-// kernel call routes to the library's kernels (kernel<path::fused>::run,
+// posenc::compiled: the entries of its calls (compiled/list.hpp), which a consumer's
+// run_attention, run_attention_backward and paged_attention call instead of compiling them.
+// Built with POSENC_COMPILED=1, as its consumers are: an entry validates, plans and rotates,
+// and its kernel call routes to the library's kernels (kernel<path::fused>::run,
 // backward_kernel<path::fused>::run, fused::paged_kernel), every one of which must be in the
-// lists (tests/compiled/entries_call_levels.cmake). With dispatch the entries are built without
-// -march, as one isolated object (cmake/posenc_isolate.sh, level "entry"): the inline functions
-// they compile for the baseline instruction set are theirs alone, never the ones of a consumer
-// built with other flags (sharing them would let a function built for one vector width run
-// with buffers sized for another). posenc::error is thrown from here as from a consumer's own
-// call (a catch matches the type by name).
+// lists (tests/compiled/entries_call_levels.cmake). With dispatch each level builds the
+// entries beside its kernels (namespace compiled_kernels::<level>, isolated with them by
+// cmake/posenc_isolate.sh), so RoPE's rotations run at the CPU's level too, and
+// src/compiled/dispatch.cpp defines the entries consumers call (compiled_kernels::entry) by
+// calling the active level's; without dispatch they are defined here, in compiled_kernels::entry.
+// posenc::error thrown from a level's build is caught as any other (a catch matches the type by
+// its name).
 #pragma once
 
 #if !POSENC_COMPILED
@@ -21,6 +21,12 @@
 #include "posenc/attention/backward.hpp"
 #include "posenc/attention/paged_attention.hpp"
 #include "posenc/compiled/list.hpp"
+
+#ifdef POSENC_COMPILED_LEVEL
+#define POSENC_COMPILED_ENTRY_NAMESPACE posenc::detail::compiled_kernels::POSENC_COMPILED_LEVEL
+#else
+#define POSENC_COMPILED_ENTRY_NAMESPACE posenc::detail::compiled_kernels::entry
+#endif
 
 #define POSENC_COMPILED_DEFINE_ENTRY(Q, KV, O, E)                                                        \
   void attention_call(view<const Q> q, view<const KV> k, view<const KV> v, view<O> out, E const& enc,     \

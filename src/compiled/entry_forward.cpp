@@ -2,6 +2,6 @@
 // posenc::compiled: the forward entries of POSENC_COMPILED_FORWARD (compiled/list.hpp).
 #include "entry.hpp"
 
-namespace posenc::detail::compiled_kernels::entry {
+namespace POSENC_COMPILED_ENTRY_NAMESPACE {
 POSENC_COMPILED_FORWARD(POSENC_COMPILED_DEFINE_ENTRY)
-}  // namespace posenc::detail::compiled_kernels::entry
+}  // namespace POSENC_COMPILED_ENTRY_NAMESPACE
