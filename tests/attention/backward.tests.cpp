@@ -178,15 +178,134 @@ TEST_CASE("backward: the given lse is used and agrees with the recomputed one", 
   CHECK(posenc_test::max_abs_diff(dk, p.dk) < 1e-13);
   CHECK(posenc_test::max_abs_diff(dv, p.dv) < 1e-13);
   CHECK(posenc_test::max_abs_diff(flat(g1.table), flat(g2.table)) < 1e-13);
-  SECTION("a shifted lse changes the gradients: it is read") {
+  SECTION("a shifted lse is read: its rows no longer sum to 1, which throws") {
     auto lse = p.lse;
     for (auto& x : lse) x += 0.5;
     attention_options<double> o = p.opt;
     o.lse = lse.data();
     auto g3 = make_gradients(cb);
-    attention_backward<path::reference>(p.vq(), p.vk(), p.vv(), p.vout(), p.vdout(), p.vdq(), p.vdk(), p.vdv(), cb,
-                                        o, g3);
-    CHECK(posenc_test::max_abs_diff(dv, p.dv) > 1e-3);
+    CHECK_THROWS_WITH(attention_backward<path::reference>(p.vq(), p.vk(), p.vv(), p.vout(), p.vdout(), p.vdq(),
+                                                          p.vdk(), p.vdv(), cb, o, g3),
+                      Catch::Matchers::StartsWith("posenc::attention_backward: lse does not match the scores of "
+                                                  "batch entry 0, head 0, row 0: sum_j exp(s_ij - lse) is 0.60653"));
+  }
+}
+
+namespace {
+
+/// True when every one of the n values from x is finite (all = true) or none is (all = false).
+template <class T>
+bool every(T const* x, index_t n, bool finite) {
+  for (index_t d = 0; d < n; ++d)
+    if (std::isfinite(x[d]) != finite) return false;
+  return true;
+}
+
+/// Runs the forward pass (reference) and the backward pass on Path, lse given or not.
+template <class Path>
+void nan_gradients(attention_problem<float>& p, bool with_lse) {
+  no_gradients g;
+  p.gradients<Path>(none{}, g, with_lse);
+}
+
+}  // namespace
+
+TEST_CASE("backward: a NaN in q, k or v flows into the gradients it reaches, as in the forward pass", "[backward]") {
+  // (1, 6, 2, 4) queries and (1, 6, 1, 4) keys and values, causal: row i sees keys 0 .. i. The clean
+  // problem's gradients are the oracle of what the NaN does not reach. Each setting runs on both
+  // paths, with the lse recomputed and with the forward pass's lse given (NaN for a NaN row).
+  auto make = [] {
+    attention_problem<float> p(1, 6, 6, 2, 1, 4, 4, 31);
+    p.opt.causal = true;
+    return p;
+  };
+  float const nan = std::numeric_limits<float>::quiet_NaN();
+  auto same = [](float const* a, float const* b) {
+    for (index_t d = 0; d < 4; ++d)
+      if (!(std::fabs(a[d] - b[d]) <= 1e-5f)) return false;
+    return true;
+  };
+  auto each_setting = [&](auto poison, auto verify) {
+    for (int path = 0; path < 2; ++path)
+      for (bool with_lse : {false, true}) {
+        INFO((path == 0 ? "reference" : "fused") << " path, lse " << (with_lse ? "given" : "recomputed"));
+        auto run = [&](attention_problem<float>& p) {
+          if (path == 0)
+            nan_gradients<path::reference>(p, with_lse);
+          else
+            nan_gradients<path::fused>(p, with_lse);
+        };
+        attention_problem<float> clean = make(), p = make();
+        run(clean);
+        poison(p);
+        run(p);
+        verify(p, clean, with_lse);
+      }
+  };
+  SECTION("q row 2 of head 0: its dq, and dk, dv of keys 0 .. 2") {
+    each_setting([&](attention_problem<float>& p) { p.vq()(0, 2, 0, 1) = nan; },
+                 [&](attention_problem<float>& p, attention_problem<float>& clean, bool with_lse) {
+                   if (with_lse) CHECK(std::isnan(p.lse[2]));  // the forward pass's lse of the row, given back
+                   for (index_t h = 0; h < 2; ++h)
+                     for (index_t i = 0; i < 6; ++i) {
+                       INFO("dq row " << i << " head " << h);
+                       bool const reached = h == 0 && i == 2;
+                       CHECK(every(p.vdq().ptr(0, i, h), 4, !reached));
+                       if (!reached) CHECK(same(p.vdq().ptr(0, i, h), clean.vdq().ptr(0, i, h)));
+                     }
+                   for (index_t j = 0; j < 6; ++j) {
+                     INFO("key " << j);
+                     CHECK(every(p.vdk().ptr(0, j, 0), 4, j > 2));
+                     CHECK(every(p.vdv().ptr(0, j, 0), 4, j > 2));
+                     if (j > 2) {
+                       CHECK(same(p.vdk().ptr(0, j, 0), clean.vdk().ptr(0, j, 0)));
+                       CHECK(same(p.vdv().ptr(0, j, 0), clean.vdv().ptr(0, j, 0)));
+                     }
+                   }
+                 });
+  }
+  SECTION("k row 0, the only key row 0 sees: every dq row, dk and dv of every key") {
+    each_setting([&](attention_problem<float>& p) { p.vk()(0, 0, 0, 3) = nan; },
+                 [&](attention_problem<float>& p, attention_problem<float>&, bool) {
+                   for (index_t h = 0; h < 2; ++h)
+                     for (index_t i = 0; i < 6; ++i) {
+                       INFO("dq row " << i << " head " << h);
+                       CHECK(every(p.vdq().ptr(0, i, h), 4, false));
+                     }
+                   for (index_t j = 0; j < 6; ++j) {
+                     INFO("key " << j);
+                     CHECK(every(p.vdk().ptr(0, j, 0), 4, false));
+                     CHECK(every(p.vdv().ptr(0, j, 0), 4, false));
+                   }
+                 });
+  }
+  SECTION("k row 4: dq of rows 4 and 5; rows 0 .. 3 keep their gradients") {
+    each_setting([&](attention_problem<float>& p) { p.vk()(0, 4, 0, 0) = nan; },
+                 [&](attention_problem<float>& p, attention_problem<float>& clean, bool) {
+                   for (index_t h = 0; h < 2; ++h)
+                     for (index_t i = 0; i < 6; ++i) {
+                       INFO("dq row " << i << " head " << h);
+                       CHECK(every(p.vdq().ptr(0, i, h), 4, i < 4));
+                       if (i < 4) CHECK(same(p.vdq().ptr(0, i, h), clean.vdq().ptr(0, i, h)));
+                     }
+                 });
+  }
+  SECTION("v row 4: dq of rows 4 and 5 and every dk; dv (sum of P dO) stays finite") {
+    each_setting([&](attention_problem<float>& p) { p.vv()(0, 4, 0, 2) = nan; },
+                 [&](attention_problem<float>& p, attention_problem<float>& clean, bool) {
+                   for (index_t h = 0; h < 2; ++h)
+                     for (index_t i = 0; i < 6; ++i) {
+                       INFO("dq row " << i << " head " << h);
+                       CHECK(every(p.vdq().ptr(0, i, h), 4, i < 4));
+                       if (i < 4) CHECK(same(p.vdq().ptr(0, i, h), clean.vdq().ptr(0, i, h)));
+                     }
+                   for (index_t j = 0; j < 6; ++j) {
+                     INFO("key " << j);
+                     CHECK(every(p.vdk().ptr(0, j, 0), 4, false));
+                     CHECK(every(p.vdv().ptr(0, j, 0), 4, true));
+                     CHECK(same(p.vdv().ptr(0, j, 0), clean.vdv().ptr(0, j, 0)));
+                   }
+                 });
   }
 }
 
@@ -236,12 +355,19 @@ TEST_CASE("backward: bias encoders' table gradients by central differences", "[b
       CHECK(r.ok());
     }
   }
-  SECTION("ALiBi slopes stay fixed unless asked") {
+  SECTION("ALiBi slopes get their gradient by default, and stay fixed only when asked") {
     alibi<double> enc(alibi_form::paper, H);
-    auto g = make_gradients(enc);
     attention_problem<double> p(1, 4, 4, H, H, 3, 3, 36);
+    auto g = make_gradients(enc);
+    REQUIRE(g.slopes.size() == static_cast<std::size_t>(H));
     p.gradients(enc, g);
-    CHECK(g.slopes.empty());
+    auto asked = enc.make_gradients(true);
+    p.gradients(enc, asked);
+    CHECK(g.slopes == asked.slopes);
+    CHECK(std::any_of(g.slopes.begin(), g.slopes.end(), [](double s) { return s != 0.0; }));
+    auto fixed = enc.make_gradients(false);
+    p.gradients(enc, fixed);
+    CHECK(fixed.slopes.empty());
   }
 }
 

@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <limits>
 #include <new>
+#include <random>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -1007,4 +1008,219 @@ TEST_CASE("paged fused decode over float pages equals the kv_cache fused decode 
   run(posenc::none{}, "none");
   run(rope, "rope");
   run(alibi, "alibi");
+}
+
+namespace {
+
+// Everything observable about the sequences `ids` of a cache: free pages, and per
+// sequence its length, first position, page table with reference counts, keys and values.
+std::vector<float> cache_state(posenc::paged_kv_cache<float> const& c, std::vector<index_t> const& ids) {
+  std::vector<float> s;
+  s.push_back(static_cast<float>(c.free_page_count()));
+  for (index_t id : ids) {
+    s.push_back(static_cast<float>(c.length(id)));
+    s.push_back(static_cast<float>(c.first_position(id)));
+    auto const table = c.page_table(id);
+    for (index_t p = 0; p < table.size(); ++p) {
+      s.push_back(static_cast<float>(table[p]));
+      s.push_back(static_cast<float>(c.page_references(table[p])));
+    }
+    index_t const P = c.page_tokens();
+    for (index_t j = 0; j < c.length(id); ++j) {
+      auto const k = c.page_keys(table[j / P], 1), v = c.page_values(table[j / P], 1);
+      for (index_t h = 0; h < c.kv_heads(); ++h) {
+        s.insert(s.end(), k.ptr(0, j % P, h), k.ptr(0, j % P, h) + c.head_dim());
+        s.insert(s.end(), v.ptr(0, j % P, h), v.ptr(0, j % P, h) + c.value_dim());
+      }
+    }
+  }
+  return s;
+}
+
+// The tokens of sequence `id`: its length, first position, keys and values (not where they sit).
+std::vector<float> sequence_tokens(posenc::paged_kv_cache<float> const& c, index_t id) {
+  std::vector<float> s = cache_state(c, {id});
+  s.erase(s.begin() + 3, s.begin() + 3 + 2 * static_cast<std::ptrdiff_t>(c.page_table(id).size()));
+  s.erase(s.begin());  // the free page count
+  return s;
+}
+
+// Pages that hold `tokens` tokens.
+index_t page_count(index_t tokens, index_t page) { return (tokens + page - 1) / page; }
+
+// Entry b of a (batch, n, Hkv, D) buffer as a (1, n, Hkv, D) view.
+posenc::view<const float> entry(std::vector<float> const& x, index_t b, index_t n) {
+  return posenc::make_bshd<const float>(x.data() + b * n * Hkv * D, 1, n, Hkv, D);
+}
+
+}  // namespace
+
+TEST_CASE("paged_kv_cache: a batched append to a sequence and its fork sharing a partly filled page needs one copy",
+          "[paged]") {
+  posenc::rope<float> const rope(posenc::rope_layout::half_split, D);
+  for (index_t page : {2, 4, 16}) {
+    INFO("page " << page);
+    tokens<float> t(2 * page, 21);
+    index_t const L = page + page / 2;  // two pages, the last one partly filled
+    posenc::paged_kv_cache<float> batched(3, page, Hkv, D);
+    index_t const a = batched.add_sequence(5);
+    batched.append(a, tokens<float>::part(t.k, 0, L, Hkv), tokens<float>::part(t.v, 0, L, Hkv), rope);
+    index_t const b = batched.fork(a);
+    REQUIRE(batched.free_page_count() == 1);
+    posenc::paged_kv_cache<float> one_by_one = batched;
+    std::vector<index_t> const ids = {a, b};
+    std::vector<float> const k = random_vector<float>(static_cast<std::size_t>(2 * Hkv * D), 22);
+    std::vector<float> const v = random_vector<float>(static_cast<std::size_t>(2 * Hkv * D), 23);
+    batched.append(ids, posenc::make_bshd<const float>(k.data(), 2, 1, Hkv, D),
+                   posenc::make_bshd<const float>(v.data(), 2, 1, Hkv, D), rope);
+    one_by_one.append(a, entry(k, 0, 1), entry(v, 0, 1), rope);
+    one_by_one.append(b, entry(k, 1, 1), entry(v, 1, 1), rope);
+    CHECK(batched.free_page_count() == 0);
+    CHECK(cache_state(batched, ids) == cache_state(one_by_one, ids));
+    CHECK(batched.page_table(a)[0] == batched.page_table(b)[0]);  // the full page stays shared
+  }
+}
+
+TEST_CASE("paged_kv_cache: a batched append fits exactly when the appends one at a time do, with the same result",
+          "[paged]") {
+  posenc::rope<float> const rope(posenc::rope_layout::half_split, D);
+  std::mt19937_64 gen(20261206);
+  // lo .. hi from the generator alone (the standard distributions differ between libraries)
+  auto pick = [&](index_t lo, index_t hi) {
+    return lo + static_cast<index_t>(gen() % static_cast<std::uint64_t>(hi - lo + 1));
+  };
+  index_t fitted = 0, refused = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    INFO("trial " << trial);
+    index_t const P = pick(1, 4);
+    posenc::paged_kv_cache<float> cache(pick(2, 9), P, Hkv, D);
+    std::vector<index_t> live = {cache.add_sequence(pick(0, 3))};
+    // A random fork tree: appends (when they fit), forks and truncations.
+    for (index_t op = pick(2, 10); op > 0; --op) {
+      index_t const id = live[static_cast<std::size_t>(pick(0, static_cast<index_t>(live.size()) - 1))];
+      index_t const kind = pick(0, 5);
+      if (kind <= 2) {
+        index_t const n = pick(1, 2 * P);
+        std::vector<float> const x = random_vector<float>(static_cast<std::size_t>(n * Hkv * D), gen());
+        if (cache.free_page_count() * P >= n + P) cache.append(id, entry(x, 0, n), entry(x, 0, n), rope);
+      } else if (kind <= 4) {
+        live.push_back(cache.fork(id));
+      } else {
+        cache.truncate(id, pick(0, cache.length(id)));
+      }
+    }
+    // A batch of distinct ids in random order, the same token count each.
+    std::vector<index_t> ids = live;
+    for (index_t i = static_cast<index_t>(ids.size()) - 1; i > 0; --i)
+      std::swap(ids[static_cast<std::size_t>(i)], ids[static_cast<std::size_t>(pick(0, i))]);
+    ids.resize(static_cast<std::size_t>(pick(1, static_cast<index_t>(ids.size()))));
+    auto const m = static_cast<index_t>(ids.size());
+    index_t const n = pick(1, 2 * P);
+    std::vector<float> const k = random_vector<float>(static_cast<std::size_t>(m * n * Hkv * D), gen());
+    std::vector<float> const v = random_vector<float>(static_cast<std::size_t>(m * n * Hkv * D), gen());
+    posenc::paged_kv_cache<float> one_by_one = cache;
+    auto const before = cache_state(cache, live);
+    bool batched_ok = true, each_ok = true;
+    try {
+      cache.append(ids, posenc::make_bshd<const float>(k.data(), m, n, Hkv, D),
+                   posenc::make_bshd<const float>(v.data(), m, n, Hkv, D), rope);
+    } catch (posenc::error const&) {
+      batched_ok = false;
+    }
+    for (index_t b = 0; b < m && each_ok; ++b) {
+      try {
+        one_by_one.append(ids[static_cast<std::size_t>(b)], entry(k, b, n), entry(v, b, n), rope);
+      } catch (posenc::error const&) {
+        each_ok = false;
+      }
+    }
+    REQUIRE(batched_ok == each_ok);
+    if (batched_ok) {
+      ++fitted;
+      CHECK(cache_state(cache, live) == cache_state(one_by_one, live));
+    } else {
+      ++refused;
+      CHECK(cache_state(cache, live) == before);
+    }
+  }
+  // both outcomes were exercised
+  CHECK(fitted > 50);
+  CHECK(refused > 50);
+}
+
+TEST_CASE("paged_kv_cache::truncate then append equals a cache that never held the dropped tokens", "[paged]") {
+  posenc::rope<float> const rope(posenc::rope_layout::half_split, D);
+  posenc::attention_options<float> opt;
+  opt.causal = true;
+  for (index_t page : {1, 4, 16}) {
+    for (index_t keep : {index_t{0}, page, 2 * page + 1, 3 * page - 1}) {
+      INFO("page " << page << ", keep " << keep);
+      tokens<float> t(4 * page + 8, 31), draft(2 * page + 3, 32), next(5, 33);
+      index_t const L = 3 * page;
+      posenc::paged_kv_cache<float> cache(12, page, Hkv, D), fresh(12, page, Hkv, D);
+      index_t const a = cache.add_sequence(7), f = fresh.add_sequence(7);
+      index_t const other = cache.add_sequence();  // grows beside a, so that pages interleave
+      cache.append(a, tokens<float>::part(t.k, 0, L, Hkv), tokens<float>::part(t.v, 0, L, Hkv), rope);
+      cache.append(other, tokens<float>::part(t.k, 0, 2, Hkv), tokens<float>::part(t.v, 0, 2, Hkv), rope);
+      index_t const free_kept = cache.free_page_count() + (page_count(L, page) - page_count(keep, page));
+      index_t const nd = 2 * page + 3;
+      cache.append(a, tokens<float>::part(draft.k, 0, nd, Hkv), tokens<float>::part(draft.v, 0, nd, Hkv), rope);
+      cache.truncate(a, keep);
+      CHECK(cache.length(a) == keep);
+      CHECK(cache.next_position(a) == 7 + keep);
+      CHECK(cache.free_page_count() == free_kept);
+      CHECK(static_cast<index_t>(cache.page_table(a).size()) == page_count(keep, page));
+      fresh.append(f, tokens<float>::part(t.k, 0, keep, Hkv), tokens<float>::part(t.v, 0, keep, Hkv), rope);
+      cache.append(a, tokens<float>::part(next.k, 0, 5, Hkv), tokens<float>::part(next.v, 0, 5, Hkv), rope);
+      fresh.append(f, tokens<float>::part(next.k, 0, 5, Hkv), tokens<float>::part(next.v, 0, 5, Hkv), rope);
+      // the same length, positions, keys and values, token by token (page ids may differ)
+      CHECK(sequence_tokens(cache, a) == sequence_tokens(fresh, f));
+      // and the same attention output for the last 5 queries
+      std::vector<float> out_c(static_cast<std::size_t>(5 * Hq * D)), out_f(out_c.size());
+      std::vector<index_t> const ia = {a}, iff = {f};
+      auto const q = posenc::make_bshd<const float>(next.q.data(), 1, 5, Hq, D);
+      posenc::paged_attention_workspace<float> ws;
+      posenc::attention(q, cache, ia, posenc::make_bshd(out_c.data(), 1, 5, Hq, D), rope, opt, ws);
+      posenc::attention(q, fresh, iff, posenc::make_bshd(out_f.data(), 1, 5, Hq, D), rope, opt, ws);
+      CHECK(out_c == out_f);
+    }
+  }
+}
+
+TEST_CASE("paged_kv_cache::truncate leaves forks unchanged and returns the pages nobody holds", "[paged]") {
+  posenc::rope<float> const rope(posenc::rope_layout::half_split, D);
+  for (index_t page : {1, 4, 16}) {
+    INFO("page " << page);
+    tokens<float> t(4 * page, 41), u(4 * page, 42);
+    posenc::paged_kv_cache<float> cache(16, page, Hkv, D);
+    index_t const a = cache.add_sequence();
+    index_t const L = 2 * page + page / 2 + 1;
+    cache.append(a, tokens<float>::part(t.k, 0, L, Hkv), tokens<float>::part(t.v, 0, L, Hkv), rope);
+    index_t const b = cache.fork(a);
+    auto const a0 = sequence_tokens(cache, a);
+    index_t const free0 = cache.free_page_count();
+    // Truncating the fork inside a shared page: a keeps every token, no page returns.
+    index_t const cut = page + page / 2;
+    cache.truncate(b, cut);
+    CHECK(cache.free_page_count() == free0);
+    CHECK(cache.length(b) == cut);
+    // b's tokens then diverge: its shared last page (if partly filled) is copied first.
+    cache.append(b, tokens<float>::part(u.k, 0, 2 * page, Hkv), tokens<float>::part(u.v, 0, 2 * page, Hkv), rope);
+    CHECK(sequence_tokens(cache, a) == a0);
+    // Truncating a to nothing returns the pages only a held; b keeps its tokens.
+    auto const b1 = sequence_tokens(cache, b);
+    index_t const free1 = cache.free_page_count();
+    index_t only_a = 0;
+    for (index_t p : cache.page_table(a)) only_a += cache.page_references(p) == 1;
+    cache.truncate(a, 0);
+    CHECK(cache.free_page_count() == free1 + only_a);
+    CHECK(cache.page_table(a).size() == 0);
+    CHECK(sequence_tokens(cache, b) == b1);
+    // a grows again from position 0, into fresh pages
+    cache.append(a, tokens<float>::part(u.k, 0, 3, Hkv), tokens<float>::part(u.v, 0, 3, Hkv), rope);
+    CHECK(cache.length(a) == 3);
+    cache.free(a);
+    cache.free(b);
+    CHECK(cache.free_page_count() == cache.pages());
+  }
 }

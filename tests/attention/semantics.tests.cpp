@@ -5,9 +5,12 @@
 
 #include <cmath>
 #include <limits>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "support/catch.hpp"
+#include "support/error_of.hpp"
 #include "support/fake_encoders.hpp"
 #include "support/random.hpp"
 
@@ -420,3 +423,56 @@ TEMPLATE_TEST_CASE("attention: layouts, strides, threads and empty inputs", "[at
   }
 }
 
+
+TEMPLATE_TEST_CASE("attention: a mask over a prefix of longer rows (make_mask with row_stride) equals its packed copy",
+                   "[attention]", posenc::path::reference, posenc::path::materialized, posenc::path::fused) {
+  index_t const B = 2, H = 2, Sq = 3, Sk = 4, W = 7;  // mask rows of W elements, the first Sk of them used
+  float const ninf = -std::numeric_limits<float>::infinity();
+  std::vector<float> wide = posenc_test::random_vector<float>(static_cast<std::size_t>(B * H * Sq * W), 41);
+  std::vector<bool> wide_allowed(wide.size());
+  for (std::size_t e = 0; e < wide.size(); ++e) {
+    if (e % 5 == 2) wide[e] = ninf;  // some keys dropped
+    wide_allowed[e] = e % 3 != 1;
+  }
+  std::vector<float> packed(static_cast<std::size_t>(B * H * Sq * Sk));
+  std::unique_ptr<bool[]> wide_bool(new bool[wide.size()]), packed_bool(new bool[packed.size()]);
+  for (index_t r = 0; r < B * H * Sq; ++r)
+    for (index_t j = 0; j < W; ++j) {
+      wide_bool[static_cast<std::size_t>(r * W + j)] = wide_allowed[static_cast<std::size_t>(r * W + j)];
+      if (j >= Sk) continue;
+      packed[static_cast<std::size_t>(r * Sk + j)] = wide[static_cast<std::size_t>(r * W + j)];
+      packed_bool[static_cast<std::size_t>(r * Sk + j)] = wide_allowed[static_cast<std::size_t>(r * W + j)];
+    }
+  problem<float> strided(B, Sq, Sk, H, H, 8, 8, 42), contiguous = strided;
+  posenc::attention_options<float> so, co;
+  so.mask = posenc::make_mask<float>(wide.data(), B, H, Sq, Sk, W);
+  so.bool_mask = posenc::make_mask<bool>(wide_bool.get(), B, H, Sq, Sk, W);
+  co.mask = posenc::make_mask<float>(packed.data(), B, H, Sq, Sk);
+  co.bool_mask = posenc::make_mask<bool>(packed_bool.get(), B, H, Sq, Sk);
+  CHECK(so.mask.q_stride == W);
+  CHECK(so.mask.head_stride == Sq * W);
+  CHECK(so.mask.batch_stride == H * Sq * W);
+  strided.run<TestType>(posenc::none{}, so);
+  contiguous.run<TestType>(posenc::none{}, co);
+  CHECK(strided.out == contiguous.out);
+  // the mask matters: without it the output differs
+  problem<float> unmasked = contiguous;
+  unmasked.run<TestType>(posenc::none{}, {});
+  CHECK(unmasked.out != contiguous.out);
+  // row_stride == k is the contiguous mask
+  auto const same = posenc::make_mask<float>(packed.data(), B, H, Sq, Sk, Sk);
+  CHECK(same.batch_stride == co.mask.batch_stride);
+  CHECK(same.head_stride == co.mask.head_stride);
+  CHECK(same.q_stride == co.mask.q_stride);
+}
+
+TEST_CASE("make_mask: a row stride shorter than the key extent throws", "[attention][errors]") {
+  std::vector<float> m(64);
+  std::string const e = posenc_test::error_of([&] { (void)posenc::make_mask<float>(m.data(), 1, 2, 2, 4, 3); });
+  CHECK(e == "posenc::make_mask: row_stride is 3, expected >= 4 (k)");
+  CHECK(posenc_test::error_of([&] { (void)posenc::make_mask<float>(m.data(), 1, 1, 1, 5, -1); }) ==
+        "posenc::make_mask: row_stride is -1, expected >= 5 (k)");
+  bool b[8] = {};
+  CHECK(posenc_test::error_of([&] { (void)posenc::make_mask<bool>(b, 1, 1, 2, 4, 0); }) ==
+        "posenc::make_mask: row_stride is 0, expected >= 4 (k)");
+}

@@ -3,6 +3,7 @@
 #include <posenc/distributed/ring.hpp>
 #include <posenc/posenc.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -219,8 +220,33 @@ TEST_CASE("ranks that disagree throw a clear posenc::error on every rank, out un
     posenc::rope_options o;
     o.base = me == R - 1 ? 500000.0 : 10000.0;
     posenc::rope<float> r2(posenc::rope_layout::half_split, D, o);
-    REQUIRE_THROWS_WITH(run(base, S, r2), posenc_test::contains("encoder parameters (probe hash) is"));
+    REQUIRE_THROWS_WITH(run(base, S, r2),
+                        posenc_test::contains("posenc::ring_attention: the encoder differs between ranks"));
+    REQUIRE_THROWS_WITH(run(base, S, r2), posenc_test::contains("rank " + std::to_string(me) + " has " +
+                                                                r2.identity().text()));
     CHECK(untouched());
+  }
+  // A T5 table that differs in one value only: the last head's bucket of the
+  // largest distances, on the last rank (a sample of a few heads at short
+  // distances cannot see it; the identity digests every entry).
+  if (R > 1) {
+    posenc::t5_bias_params const tp{H, true, 32, 128};
+    posenc::relative_table<float> t(32, H);
+    for (index_t b = 0; b < 32; ++b)
+      for (index_t h = 0; h < H; ++h) t(b, h) = 0.01f * static_cast<float>(b * H + h);
+    if (me == R - 1) t(31, H - 1) += 1e-3f;
+    posenc::t5_bias<float> const t5(tp, t);
+    std::string const want = "posenc::ring_attention: the encoder differs between ranks (identity digest #";
+    REQUIRE_THROWS_WITH(run(base, S, t5), posenc_test::contains(want));
+    REQUIRE_THROWS_WITH(run(base, S, t5), posenc_test::contains("on rank " + last + ", #"));
+    REQUIRE_THROWS_WITH(run(base, S, t5),
+                        posenc_test::contains("rank " + std::to_string(me) + " has " + t5.identity().text()));
+    CHECK(untouched());
+    // The same table everywhere: no error.
+    posenc::relative_table<float> same = t;
+    same(31, H - 1) = 0.01f * static_cast<float>(31 * H + H - 1);
+    REQUIRE_NOTHROW(run(base, S, posenc::t5_bias<float>(tp, same)));
+    std::fill(out.begin(), out.end(), -7.f);
   }
   // A bad argument on one rank (a mask, which the ring does not split): that rank
   // names it, the others name the rank.

@@ -63,7 +63,7 @@ void check_ring_backward(problem const& p, E const& enc, dist::ring_options<floa
   };
   auto ql = shard(q, p.Hq, p.D), kl = shard(k, p.Hkv, p.D), vl = shard(v, p.Hkv, p.Dv), dol = shard(dout, p.Hq, p.Dv);
   std::vector<float> ol(static_cast<std::size_t>(p.B * n * p.Hq * p.Dv)), lsel(static_cast<std::size_t>(p.B * p.Hq * n));
-  opt.lse = lsel.data();
+  opt.lse = n > 0 ? lsel.data() : nullptr;  // a rank without tokens has no log-sum-exp (null, as an empty vector's)
   auto bshd = [&](std::vector<float>& x, index_t H, index_t dim) { return posenc::make_bshd(x.data(), p.B, n, H, dim); };
   dist::ring_attention(MPI_COMM_WORLD, posenc::view<const float>(bshd(ql, p.Hq, p.D)),
                        posenc::view<const float>(bshd(kl, p.Hkv, p.D)), posenc::view<const float>(bshd(vl, p.Hkv, p.Dv)),
@@ -172,6 +172,26 @@ TEST_CASE("ring backward with GQA, windows, key lengths, offsets, softcap, Dv !=
   check_ring_backward(p, posenc::rope<float>(posenc::rope_layout::interleaved, p.D), off, "rope, offset 5", 940);
 }
 
+TEST_CASE("ring backward with a rank that holds no token (contiguous): null zero-length buffers",
+          "[ring][backward]") {
+  problem p;
+  p.layout = dist::shard_layout::contiguous;
+  p.uneven = true;
+  p.empty_first = true;
+  std::uint64_t seed = 1300;
+  for (int causal = 0; causal < 2; ++causal) {
+    dist::ring_options<float> opt;
+    opt.causal = causal == 1;
+    std::string const c = std::string("rank 0 empty") + (opt.causal ? ", causal, " : ", full, ");
+    check_ring_backward(p, posenc::none{}, opt, c + "none", seed += 10);
+    check_ring_backward(p, posenc::rope<float>(posenc::rope_layout::half_split, p.D), opt, c + "rope", seed += 10);
+    check_ring_backward(p, posenc::alibi<float>(posenc::alibi_form::key_only, p.Hq), opt, c + "alibi key-only",
+                        seed += 10);
+    check_ring_backward(p, posenc::t5_bias<float>(posenc::t5_bias_params{p.Hq, true, 32, 128}, 4, 0.5), opt,
+                        c + "t5", seed += 10);
+  }
+}
+
 TEST_CASE("ring backward without the forward log-sum-exp throws on every rank, nothing written",
           "[ring][backward][errors]") {
   index_t const n = 5;
@@ -195,7 +215,68 @@ TEST_CASE("ring backward without the forward log-sum-exp throws on every rank, n
                                                     cview(dout), bad_dq, view_of(dk), view_of(dv), posenc::none{}, opt,
                                                     g),
                       Catch::Matchers::Contains("dq"));
+  // Every rank names the failing call: rank 0 its own argument, the others rank 0.
+  std::string const want = posenc_test::world_rank() == 0
+                               ? "posenc::ring_attention_backward: dq.dim is 4, expected 8"
+                               : "posenc::ring_attention_backward: rank 0 rejected its arguments";
+  REQUIRE_THROWS_WITH(dist::ring_attention_backward(MPI_COMM_WORLD, cview(x), cview(x), cview(x), cview(out),
+                                                    cview(dout), bad_dq, view_of(dk), view_of(dv), posenc::none{}, opt,
+                                                    g),
+                      posenc_test::contains(want));
   for (float e : dq) CHECK(e == -7.f);
   for (float e : dk) CHECK(e == -7.f);
   for (float e : small) CHECK(e == -7.f);
+}
+
+TEST_CASE("ring backward errors of the later phases name ring_attention_backward on every rank",
+          "[ring][backward][errors]") {
+  index_t const R = posenc_test::world_size(), me = posenc_test::world_rank(), n = 6, H = 2, D = 8;
+  std::vector<float> x(static_cast<std::size_t>(n * H * D), 0.5f), out(x.size(), 0.1f), dout(x.size(), 1.f);
+  std::vector<float> dq(x.size(), -7.f), dk(x.size(), -7.f), dv(x.size(), -7.f), lse(static_cast<std::size_t>(H * n), 0.f);
+  auto view_of = [&](std::vector<float>& b) { return posenc::make_bshd(b.data(), 1, n, H, D); };
+  auto cview = [&](std::vector<float>& b) { return posenc::view<const float>(view_of(b)); };
+  dist::ring_options<float> opt;
+  opt.lse = lse.data();
+  auto run = [&](dist::ring_options<float> const& o, auto const& enc) {
+    auto g = posenc::make_gradients(enc);
+    dist::ring_attention_backward(MPI_COMM_WORLD, cview(x), cview(x), cview(x), cview(out), cview(dout), view_of(dq),
+                                  view_of(dk), view_of(dv), enc, o, g);
+  };
+  std::string const last = std::to_string(R - 1);
+  // First phase (options): the last rank asks for causal.
+  if (R > 1) {
+    dist::ring_options<float> o = opt;
+    o.causal = me == R - 1;
+    REQUIRE_THROWS_WITH(run(o, posenc::none{}),
+                        posenc_test::contains("posenc::ring_attention_backward: causal is 1 on rank " + last));
+  }
+  // First phase, a rank's own argument: the last rank passes a mask.
+  {
+    dist::ring_options<float> o = opt;
+    bool const mask = true;
+    if (me == R - 1) o.bool_mask = posenc::make_mask(&mask, 1, 1, 1, 1);
+    REQUIRE_THROWS_WITH(run(o, posenc::none{}), posenc_test::contains("posenc::ring_attention_backward: "));
+  }
+  // Second phase: ALiBi for another head count on the last rank.
+  {
+    posenc::alibi<float> const al(posenc::alibi_form::paper, me == R - 1 ? H + 1 : H);
+    std::string const want = me == R - 1 ? "posenc::ring_attention_backward: " :
+                                           "posenc::ring_attention_backward: rank " + last + " rejected its arguments";
+    REQUIRE_THROWS_WITH(run(opt, al), posenc_test::contains(want));
+  }
+  // The encoders differ in one T5 table entry (last head, largest distances).
+  if (R > 1) {
+    posenc::relative_table<float> t(32, H);
+    for (index_t b = 0; b < 32; ++b)
+      for (index_t h = 0; h < H; ++h) t(b, h) = 0.02f * static_cast<float>(b - h);
+    if (me == R - 1) t(31, H - 1) = 5.f;
+    posenc::t5_bias<float> const t5(posenc::t5_bias_params{H, true, 32, 128}, t);
+    REQUIRE_THROWS_WITH(run(opt, t5), posenc_test::contains("posenc::ring_attention_backward: the encoder differs "
+                                                            "between ranks"));
+    REQUIRE_THROWS_WITH(run(opt, t5),
+                        posenc_test::contains("rank " + std::to_string(me) + " has " + t5.identity().text()));
+  }
+  for (float e : dq) CHECK(e == -7.f);
+  for (float e : dk) CHECK(e == -7.f);
+  for (float e : dv) CHECK(e == -7.f);
 }

@@ -203,3 +203,47 @@ TEST_CASE("positions_from_mask: GPT-2 and OPT by hand; decode step = last prefil
   posenc::positions_from_mask<unsigned char>(mask, 3, 5, 2, two, -1);
   CHECK(two == std::vector<index_t>{1, 2, 3, 4, 2, -1});
 }
+
+TEST_CASE("learned: the padding row gets no gradient, as nn.Embedding(padding_idx); other rows read for padding do",
+          "[learned][backward]") {
+  // RoBERTa's layout: offset 2, row 1 read at position -1 for padding tokens.
+  index_t const rows = 8, dm = 3, B = 2, S = 4, offset = 2;
+  std::vector<index_t> const ids = {-1, -1, 0, 1, 0, 1, 2, -1};  // (B, S), -1 = padding
+  auto const dx = posenc_test::random_vector<float>(static_cast<std::size_t>(B * S * dm), 91);
+  auto const dxv = posenc::make_bsd(static_cast<float const*>(dx.data()), B, S, dm);
+  auto const pos = posenc::position_span::ids(ids.data(), B, S);
+  // The scatter-add of every token into the row it read, then the padding row cleared when there is one.
+  std::vector<float> every_row(static_cast<std::size_t>(rows * dm), 0.0f);
+  for (index_t t = 0; t < B * S; ++t)
+    for (index_t c = 0; c < dm; ++c)
+      every_row[static_cast<std::size_t>((ids[static_cast<std::size_t>(t)] + offset) * dm + c)] +=
+          dx[static_cast<std::size_t>(t * dm + c)];
+  auto without_padding_row = every_row;
+  std::fill_n(without_padding_row.begin() + dm, dm, 0.0f);
+  REQUIRE(every_row[static_cast<std::size_t>(dm)] != 0.0f);
+
+  auto const opt_like = learned<float>::random(rows, dm, 3u, offset);  // OPT, BART: row 1 learns
+  CHECK(opt_like.padding_row() == -1);
+  auto g = opt_like.make_gradients();
+  opt_like.add_to_backward(dxv, pos, g);
+  CHECK(g.table == every_row);
+
+  auto const roberta = learned<float>::random(rows, dm, 3u, offset, 0.02, 1);  // nn.Embedding(padding_idx=1)
+  CHECK(roberta.padding_row() == 1);
+  for (index_t c = 0; c < dm; ++c) CHECK(roberta.table()[dm + c] == 0.0f);
+  auto g2 = roberta.make_gradients();
+  roberta.add_to_backward(dxv, pos, g2);
+  CHECK(g2.table == without_padding_row);
+
+  // The same through with_padding_row on a caller's table, and kept by extended() (a reserved row).
+  auto const table = ramp_table<float>(rows, dm);
+  auto const copied = learned<float>::copy_of(posenc::span<const float>(table.data(), rows * dm), rows, dm, offset)
+                          .with_padding_row(1);
+  auto g3 = copied.make_gradients();
+  copied.add_to_backward(dxv, pos, g3);
+  CHECK(g3.table == without_padding_row);
+  CHECK(copied.extended(10).padding_row() == 1);
+  CHECK(copied.with_padding_row(-1).padding_row() == -1);
+  CHECK(copied.identity() != copied.with_padding_row(-1).identity());
+  CHECK_THROWS_WITH(copied.with_padding_row(rows), posenc_test::contains("row is 8, expected -1 (none) or in [0, 8)"));
+}

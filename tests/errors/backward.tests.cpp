@@ -142,11 +142,11 @@ TEST_CASE("attention_backward: bad arguments throw, nothing written", "[errors][
       CHECK(a.untouched);
     }
   }
-  SECTION("lse holding NaN or +inf") {
+  SECTION("lse holding +inf") {
     arena a;
-    a.opt.lse[2] = std::numeric_limits<float>::quiet_NaN();
-    CHECK(a.run() == "posenc::attention_backward: lse[2] is nan, expected a finite value or -inf (the forward "
-                     "pass's log-sum-exp)");
+    a.opt.lse[2] = std::numeric_limits<float>::infinity();
+    CHECK(a.run() == "posenc::attention_backward: lse[2] is inf, expected a finite value, -inf or NaN (the "
+                     "forward pass's log-sum-exp)");
     CHECK(a.untouched);
   }
   SECTION("missing lse on a path that needs it") {
@@ -172,6 +172,59 @@ TEST_CASE("attention_backward: bad arguments throw, nothing written", "[errors][
     a.out = a.q;
     CHECK(a.run().find("posenc::attention_backward: out is q (same data)") == 0);
     CHECK(a.untouched);
+  }
+}
+
+TEST_CASE("attention_backward: an lse from a forward pass with other options throws, nothing written",
+          "[errors][backward]") {
+  // The arena's lse comes from a causal forward pass with its T5 encoder and the default scale.
+  std::string const where = "posenc::attention_backward: lse does not match the scores of batch entry 0, head ";
+  std::string const causes = "; the lse was computed with other options: causal, scale, mask, encoder or positions "
+                             "differ from the forward's";
+  auto both_paths = [&](auto change, std::string const& row) {
+    for (int path = 0; path < 2; ++path) {
+      INFO((path == 0 ? "reference" : "fused") << " path");
+      arena a;
+      change(a);
+      std::string const m = path == 0 ? a.run<path::reference>() : a.run<path::fused>();
+      INFO(m);
+      CHECK(m.find(where + row) == 0);
+      CHECK(m.find(": sum_j exp(s_ij - lse) is ") != std::string::npos);
+      CHECK(m.find(causes) != std::string::npos);
+      CHECK(a.untouched);
+    }
+  };
+  SECTION("the matching call does not throw, on either path") {
+    arena a, b;
+    CHECK(a.run<path::reference>() == "<no error>");
+    CHECK(b.run<path::fused>() == "<no error>");
+  }
+  SECTION("causal dropped: row 0 sees keys 2 and 3 as well") {
+    both_paths([](arena& a) { a.opt.causal = false; }, "0, row 0");
+  }
+  SECTION("another scale") {
+    both_paths([](arena& a) { a.opt.scale = 1.5; }, "");
+  }
+  SECTION("another encoder: a T5 table of another seed") {
+    both_paths([](arena& a) { a.enc = t5_bias<float>{t5_bias_params{arena::Hq, true, 8, 16}, 2u}; }, "");
+  }
+  SECTION("a row whose lse is -inf (no visible key) but that sees keys") {
+    for (int path = 0; path < 2; ++path) {
+      arena a;
+      a.opt.lse[4] = -std::numeric_limits<float>::infinity();  // head 1, row 1
+      std::string const m = path == 0 ? a.run<path::reference>() : a.run<path::fused>();
+      INFO(m);
+      CHECK(m.find(where + "1, row 1: lse is -inf (no visible key) but the row sees keys") == 0);
+      CHECK(m.find(causes) != std::string::npos);
+      CHECK(a.untouched);
+    }
+  }
+  SECTION("within the float rule: an lse off by 1e-5 is accepted") {
+    for (int path = 0; path < 2; ++path) {
+      arena a;
+      for (index_t r = 0; r < arena::nl; ++r) a.opt.lse[r] += 1e-5f;
+      CHECK((path == 0 ? a.run<path::reference>() : a.run<path::fused>()) == "<no error>");
+    }
   }
 }
 
@@ -259,10 +312,46 @@ TEST_CASE("attention_backward: Transformer-XL gradients of the wrong shape, noth
   }
 }
 
+TEST_CASE("attention_backward: a Transformer-XL memory cut with an lse of other options leaves every output",
+          "[errors][backward]") {
+  // memory_length 2: the memory of Sk - Sq = 4 keys is cut to its last 2 (keys 0 and 1 get zero dk, dv).
+  auto const enc = posenc_test::random_transformer_xl<float>(2, 4, 6, 8, 3, 2);
+  index_t const B = 1, Sq = 2, Sk = 6, H = 2, D = 4;
+  std::vector<float> q = posenc_test::random_vector<float>(static_cast<std::size_t>(B * Sq * H * D), 5),
+                     k = posenc_test::random_vector<float>(static_cast<std::size_t>(B * Sk * H * D), 6), v = k,
+                     out(q.size()), dout = q, lse(static_cast<std::size_t>(B * H * Sq)), dq(q.size(), 7.0f),
+                     dk(k.size(), 7.0f), dv(k.size(), 7.0f);
+  auto atq = [&](std::vector<float>& x) { return make_bshd(x.data(), B, Sq, H, D); };
+  auto atk = [&](std::vector<float>& x) { return make_bshd(x.data(), B, Sk, H, D); };
+  attention_options<float> opt;
+  opt.causal = true;
+  opt.lse = lse.data();
+  attention<path::reference>(atq(q), atk(k), atk(v), atq(out), enc, opt);
+  auto g = enc.make_gradients();
+  attention_options<float> other = opt;
+  other.causal = false;  // the last memory key row 0 did not see (position 4 + 0 sees keys .. 4)
+  std::string const m = posenc_test::error_of([&] {
+    attention_backward<path::reference>(atq(q), atk(k), atk(v), atq(out), atq(dout), atq(dq), atk(dk), atk(dv), enc,
+                                        other, g);
+  });
+  INFO(m);
+  CHECK(m.find("posenc::attention_backward: lse does not match the scores of batch entry 0, head 0, row 0") == 0);
+  CHECK(std::all_of(dq.begin(), dq.end(), [](float x) { return x == 7.0f; }));
+  CHECK(std::all_of(dk.begin(), dk.end(), [](float x) { return x == 7.0f; }));  // the cut keys' rows too
+  CHECK(std::all_of(dv.begin(), dv.end(), [](float x) { return x == 7.0f; }));
+  CHECK(g.u.isZero());
+  // The forward's options: no error, zeros for the cut keys.
+  CHECK(posenc_test::error_of([&] {
+          attention_backward<path::reference>(atq(q), atk(k), atk(v), atq(out), atq(dout), atq(dq), atk(dk), atk(dv),
+                                              enc, opt, g);
+        }) == "<no error>");
+  CHECK(std::all_of(dk.begin(), dk.begin() + 2 * H * D, [](float x) { return x == 0.0f; }));
+}
+
 TEST_CASE("encoder gradients: operator+= of another shape throws before adding anything", "[errors][backward]") {
   SECTION("ALiBi: learnable slopes plus fixed ones") {
     alibi<float> enc(alibi_form::paper, 2);
-    auto g = enc.make_gradients(true), fixed = enc.make_gradients();
+    auto g = enc.make_gradients(), fixed = enc.make_gradients(false);
     g.slopes = {1.0f, 2.0f};
     CHECK(posenc_test::error_of([&] { g += fixed; }) ==
           "posenc::alibi::gradients::operator+=: other.slopes has 0 values, expected 2 (this one's)");

@@ -199,3 +199,91 @@ TEST_CASE("attention over a paged_kv_cache: bad ids and contradicting options th
   REQUIRE_THROWS_WITH(posenc::attention(qv, rc, rids, ov, rope, opt), contains("query position of batch 0 row 0 is -1"));
   for (float x : out) CHECK(x == 42.0f);
 }
+
+TEST_CASE("paged_kv_cache: a batch sharing a partly filled last page counts only the copies it makes",
+          "[paged][errors]") {
+  std::vector<float> k = random_vector<float>(static_cast<std::size_t>(8 * H * D), 8);
+  {
+    // a and its fork b share a partly filled last page; one page is free. a copies
+    // the page, then b holds it alone and writes in place: one page, as one at a time.
+    posenc::paged_kv_cache<float> cache(3, 4, H, D);
+    index_t const a = cache.add_sequence();
+    cache.append(a, tokens_view(k, 1, 6), tokens_view(k, 1, 6), posenc::none{});
+    index_t const b = cache.fork(a);
+    REQUIRE(cache.free_page_count() == 1);
+    std::vector<index_t> const ids = {a, b};
+    cache.append(ids, tokens_view(k, 2, 1), tokens_view(k, 2, 1), posenc::none{});
+    CHECK(cache.free_page_count() == 0);
+    CHECK(cache.length(a) == 7);
+    CHECK(cache.length(b) == 7);
+    // No page left: the next batch sharing nothing partly filled still needs its growth pages.
+    auto const before = state_of(cache, ids);
+    REQUIRE_THROWS_WITH(cache.append(ids, tokens_view(k, 2, 2), tokens_view(k, 2, 2), posenc::none{}),
+                        contains("pages needed is 2, expected <= 0"));
+    CHECK(state_of(cache, ids) == before);
+  }
+  {
+    // a third sharer c outside the batch keeps the page shared: a and b both copy.
+    posenc::paged_kv_cache<float> cache(4, 4, H, D);
+    index_t const a = cache.add_sequence();
+    cache.append(a, tokens_view(k, 1, 6), tokens_view(k, 1, 6), posenc::none{});
+    index_t const b = cache.fork(a), c = cache.fork(a), d = cache.add_sequence();
+    cache.append(d, tokens_view(k, 1, 1), tokens_view(k, 1, 1), posenc::none{});
+    REQUIRE(cache.free_page_count() == 1);
+    std::vector<index_t> const ids = {a, b}, all = {a, b, c, d};
+    auto const before = state_of(cache, all);
+    REQUIRE_THROWS_WITH(cache.append(ids, tokens_view(k, 2, 1), tokens_view(k, 2, 1), posenc::none{}),
+                        contains("pages needed is 2, expected <= 1"));
+    CHECK(state_of(cache, all) == before);
+    // all three in the batch: two copies, the last writes in place.
+    cache.free(d);
+    std::vector<index_t> const abc = {a, b, c};
+    cache.append(abc, tokens_view(k, 3, 1), tokens_view(k, 3, 1), posenc::none{});
+    CHECK(cache.free_page_count() == 0);
+  }
+}
+
+TEST_CASE("paged_kv_cache::truncate: bad ids and lengths throw with nothing changed", "[paged][errors]") {
+  posenc::paged_kv_cache<float> cache(8, 4, H, D);
+  std::vector<float> k = random_vector<float>(static_cast<std::size_t>(6 * H * D), 9);
+  index_t const a = cache.add_sequence();
+  cache.append(a, tokens_view(k, 1, 6), tokens_view(k, 1, 6), posenc::none{});
+  index_t const b = cache.fork(a), gone = cache.add_sequence();
+  cache.free(gone);
+  std::vector<index_t> const ids = {a, b};
+  auto const before = state_of(cache, ids);
+  REQUIRE_THROWS_WITH(cache.truncate(a, 7),
+                      contains("posenc::paged_kv_cache::truncate: tokens is 7, expected 0 <= tokens <= length(id) (6)"));
+  REQUIRE_THROWS_WITH(cache.truncate(b, -1), contains("tokens is -1, expected 0 <= tokens <= length(id) (6)"));
+  REQUIRE_THROWS_WITH(cache.truncate(gone, 0), contains("posenc::paged_kv_cache::truncate: id is " +
+                                                        std::to_string(gone) + ", expected the id of an open sequence"));
+  REQUIRE_THROWS_WITH(cache.truncate(-2, 0), contains("id is -2"));
+  CHECK(state_of(cache, ids) == before);
+  cache.truncate(a, 6);  // the whole length: nothing changes
+  CHECK(state_of(cache, ids) == before);
+}
+
+TEST_CASE("paged_kv_cache: page_keys and page_values check the page run", "[paged][errors]") {
+  posenc::paged_kv_cache<float> cache(5, 4, H, D);
+  for (bool values : {false, true}) {
+    INFO((values ? "page_values" : "page_keys"));
+    std::string const w = values ? "posenc::paged_kv_cache::page_values: " : "posenc::paged_kv_cache::page_keys: ";
+    auto view_of = [&](index_t page, index_t count) {
+      return values ? cache.page_values(page, count) : cache.page_keys(page, count);
+    };
+    REQUIRE_THROWS_WITH(view_of(-1, 1), contains(w + "page is -1, expected 0 .. 5 (pages())"));
+    REQUIRE_THROWS_WITH(view_of(6, 0), contains(w + "page is 6, expected 0 .. 5 (pages())"));
+    REQUIRE_THROWS_WITH(view_of(5, 1), contains(w + "count is 1, expected 0 .. 0 (pages() - page)"));
+    REQUIRE_THROWS_WITH(view_of(2, 4), contains(w + "count is 4, expected 0 .. 3 (pages() - page)"));
+    REQUIRE_THROWS_WITH(view_of(0, -1), contains(w + "count is -1, expected 0 .. 5 (pages() - page)"));
+    index_t const big = index_t{1} << 62;
+    REQUIRE_THROWS_WITH(view_of(1, big), contains(w + "count is " + std::to_string(big)));
+    // the whole pool, a run at its end and an empty run past the last page are views
+    CHECK(view_of(0, 5).seq == 5 * 4);
+    CHECK(view_of(3, 2).seq == 2 * 4);
+    CHECK(view_of(5, 0).seq == 0);
+  }
+  posenc::paged_kv_cache<float> empty(0, 4, H, D);
+  CHECK(empty.page_keys(0, 0).seq == 0);
+  REQUIRE_THROWS_WITH(empty.page_keys(0, 1), contains("count is 1, expected 0 .. 0"));
+}

@@ -1,10 +1,15 @@
 // SPDX-License-Identifier: MIT
 // Every bad input of Transformer-XL: posenc::error naming the argument, before any output is written.
 #include <posenc/attention/attention.hpp>
+#include <posenc/attention/backward.hpp>
+#include <posenc/attention/kv_cache.hpp>
+#include <posenc/attention/packed.hpp>
+#include <posenc/attention/paged_attention.hpp>
 #include <posenc/encoding/transformer_xl.hpp>
 
 #include <cmath>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "support/catch.hpp"
@@ -92,4 +97,210 @@ TEST_CASE("errors: transformer_xl in attention, nothing written", "[errors][tran
   REQUIRE_THROWS_WITH(posenc::attention(bf.qv(), bf.kv(), bf.vv(), outv, cut, lo),
                       contains("key_lengths[0] is 10, expected 0 .. 9 (k.seq)"));
   for (float x : out) REQUIRE(x == 5.0f);
+}
+
+namespace {
+
+// A segment memory longer than memory_length(): B = 1, Sq = 4 queries over Sk = 40 keys
+// (a memory of 36), Hq = 2, Hkv = 1, D = 4; M = 6 keeps the last Sq + M = 10 keys, whose
+// distances to the queries are at most 9: distance_limit 10 fits them, not the 39 of the
+// whole call.
+index_t const cSq = 4, cSk = 40, cH = 2, cHkv = 1, cD = 4, cM = 6, cKept = cSq + cM, cCut = cSk - cKept;
+
+using fview = posenc::view<const float>;
+
+// Rows [first, first + n) of a (1, seq, heads, cD) buffer.
+fview rows_of(std::vector<float> const& x, index_t first, index_t n, index_t heads) {
+  return posenc::make_bshd<const float>(x.data() + first * heads * cD, 1, n, heads, cD);
+}
+
+// out (1, q.seq, cH, cD) followed by lse (1, cH, q.seq) of a direct call.
+template <class Path, class E>
+std::vector<float> direct(fview q, fview k, fview v, E const& enc, posenc::attention_options<float> opt) {
+  std::vector<float> out(static_cast<std::size_t>(q.seq * cH * cD), -7.0f), lse(static_cast<std::size_t>(cH * q.seq));
+  opt.lse = lse.data();
+  posenc::attention<Path>(q, k, v, posenc::make_bshd(out.data(), 1, q.seq, cH, cD), enc, opt);
+  out.insert(out.end(), lse.begin(), lse.end());
+  return out;
+}
+
+template <class Path>
+void check_memory_cut_call_forms() {
+  posenc_test::txl_buffers<float> const bf(1, cSq, cSk, cH, cHkv, cD, 61);
+  auto const enc = posenc_test::random_transformer_xl<float>(cH, cD, 6, 10, 62, cM);
+  for (bool causal : {true, false}) {
+    INFO((causal ? "causal" : "bidirectional"));
+    posenc::attention_options<float> opt;
+    opt.causal = causal;
+    // The call on the already-cut keys: queries at M + i, the kept keys at 0 .. Sq + M - 1.
+    auto const want = direct<Path>(bf.qv(), rows_of(bf.k, cCut, cKept, cHkv), rows_of(bf.v, cCut, cKept, cHkv), enc,
+                                   opt);
+    auto const want_decode = direct<Path>(rows_of(bf.q, cSq - 1, 1, cH), rows_of(bf.k, cSk - 1 - cM, 1 + cM, cHkv),
+                                          rows_of(bf.v, cSk - 1 - cM, 1 + cM, cHkv), enc, opt);
+    // Direct, with default and with explicit key positions (the queries keep their default ones).
+    CHECK(posenc_test::max_abs_diff(want, direct<Path>(bf.qv(), bf.kv(), bf.vv(), enc, opt)) <= 1e-6);
+    posenc::attention_options<float> kpos = opt;
+    kpos.k_positions = posenc::position_span(0);
+    CHECK(posenc_test::max_abs_diff(want, direct<Path>(bf.qv(), bf.kv(), bf.vv(), enc, kpos)) <= 1e-6);
+
+    // kv_cache: a chunk of Sq queries, then a decode step of the last one.
+    posenc::kv_cache<float> cache(1, cHkv, cD);
+    cache.append(bf.kv(), bf.vv(), enc);
+    auto over_cache = [&](fview q) {
+      std::vector<float> out(static_cast<std::size_t>(q.seq * cH * cD), -7.0f),
+          lse(static_cast<std::size_t>(cH * q.seq));
+      posenc::attention_options<float> o = opt;
+      o.lse = lse.data();
+      posenc::attention<Path>(q, cache, posenc::make_bshd(out.data(), 1, q.seq, cH, cD), enc, o);
+      out.insert(out.end(), lse.begin(), lse.end());
+      return out;
+    };
+    CHECK(posenc_test::max_abs_diff(want, over_cache(bf.qv())) <= 1e-6);
+    CHECK(posenc_test::max_abs_diff(want_decode, over_cache(rows_of(bf.q, cSq - 1, 1, cH))) <= 1e-6);
+
+    // paged_kv_cache: the same sequence in pages of 8 tokens.
+    posenc::paged_kv_cache<float> pages(8, 8, cHkv, cD);
+    index_t const id = pages.add_sequence();
+    pages.append(id, bf.kv(), bf.vv(), enc);
+    auto over_pages = [&](fview q) {
+      std::vector<float> out(static_cast<std::size_t>(q.seq * cH * cD), -7.0f),
+          lse(static_cast<std::size_t>(cH * q.seq));
+      posenc::attention_options<float> o = opt;
+      o.lse = lse.data();
+      posenc::attention<Path>(q, pages, posenc::span<const index_t>(&id, 1),
+                              posenc::make_bshd(out.data(), 1, q.seq, cH, cD), enc, o);
+      out.insert(out.end(), lse.begin(), lse.end());
+      return out;
+    };
+    CHECK(posenc_test::max_abs_diff(want, over_pages(bf.qv())) <= 1e-6);
+    CHECK(posenc_test::max_abs_diff(want_decode, over_pages(rows_of(bf.q, cSq - 1, 1, cH))) <= 1e-6);
+
+    // Packed: the sequence twice, back to back; lse is (Hq, 2 Sq).
+    std::vector<float> q2 = bf.q, k2 = bf.k, v2 = bf.v;
+    q2.insert(q2.end(), bf.q.begin(), bf.q.end());
+    k2.insert(k2.end(), bf.k.begin(), bf.k.end());
+    v2.insert(v2.end(), bf.v.begin(), bf.v.end());
+    std::vector<index_t> const cu_q = {0, cSq, 2 * cSq}, cu_k = {0, cSk, 2 * cSk};
+    std::vector<float> out2(static_cast<std::size_t>(2 * cSq * cH * cD), -7.0f),
+        lse2(static_cast<std::size_t>(cH * 2 * cSq));
+    posenc::attention_options<float> o2 = opt;
+    o2.lse = lse2.data();
+    posenc::attention<Path>(rows_of(q2, 0, 2 * cSq, cH), rows_of(k2, 0, 2 * cSk, cHkv), rows_of(v2, 0, 2 * cSk, cHkv),
+                            posenc::make_bshd(out2.data(), 1, 2 * cSq, cH, cD), posenc::packed_sequences{cu_q, cu_k},
+                            enc, o2);
+    for (index_t s = 0; s < 2; ++s) {
+      std::vector<float> got(out2.begin() + s * cSq * cH * cD, out2.begin() + (s + 1) * cSq * cH * cD);
+      for (index_t h = 0; h < cH; ++h)
+        for (index_t i = 0; i < cSq; ++i) got.push_back(lse2[static_cast<std::size_t>(h * 2 * cSq + s * cSq + i)]);
+      CHECK(posenc_test::max_abs_diff(want, got) <= 1e-6);
+    }
+  }
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("transformer_xl: a memory cut to memory_length() is checked as cut, on every call form",
+                   "[errors][transformer_xl]", posenc::path::reference, posenc::path::materialized,
+                   posenc::path::fused) {
+  check_memory_cut_call_forms<TestType>();
+}
+
+TEST_CASE("transformer_xl: the backward of a memory cut to memory_length() is checked as cut",
+          "[errors][transformer_xl]") {
+  posenc_test::txl_buffers<float> const bf(1, cSq, cSk, cH, cHkv, cD, 71);
+  auto const enc = posenc_test::random_transformer_xl<float>(cH, cD, 6, 10, 72, cM);
+  posenc::attention_options<float> opt;
+  opt.causal = true;
+  auto const dout = posenc_test::random_vector<float>(static_cast<std::size_t>(cSq * cH * cD), 73);
+  struct result {
+    std::vector<float> dq, dk, dv;
+    posenc::transformer_xl<float>::gradients g;
+  };
+  auto backward = [&](fview k, fview v) {
+    std::vector<float> out(static_cast<std::size_t>(cSq * cH * cD));
+    posenc::attention<posenc::path::reference>(bf.qv(), k, v, posenc::make_bshd(out.data(), 1, cSq, cH, cD), enc, opt);
+    auto const kv_size = static_cast<std::size_t>(k.seq * cHkv * cD);
+    result r{std::vector<float>(bf.q.size(), 5.0f), std::vector<float>(kv_size, 5.0f),
+             std::vector<float>(kv_size, 5.0f), enc.make_gradients()};
+    posenc::attention_backward<posenc::path::reference>(
+        bf.qv(), k, v, posenc::make_bshd<const float>(out.data(), 1, cSq, cH, cD),
+        posenc::make_bshd<const float>(dout.data(), 1, cSq, cH, cD), posenc::make_bshd(r.dq.data(), 1, cSq, cH, cD),
+        posenc::make_bshd(r.dk.data(), 1, k.seq, cHkv, cD), posenc::make_bshd(r.dv.data(), 1, k.seq, cHkv, cD), enc,
+        opt, r.g);
+    return r;
+  };
+  result const want = backward(rows_of(bf.k, cCut, cKept, cHkv), rows_of(bf.v, cCut, cKept, cHkv));
+  result const got = backward(bf.kv(), bf.vv());
+  CHECK(posenc_test::max_abs_diff(want.dq, got.dq) <= 1e-6);
+  std::size_t const cut_elems = static_cast<std::size_t>(cCut * cHkv * cD);
+  for (std::size_t n = 0; n < cut_elems; ++n) {
+    REQUIRE(got.dk[n] == 0.0f);
+    REQUIRE(got.dv[n] == 0.0f);
+  }
+  CHECK(posenc_test::max_abs_diff(want.dk, std::vector<float>(got.dk.begin() + static_cast<std::ptrdiff_t>(cut_elems),
+                                                              got.dk.end())) <= 1e-6);
+  CHECK(posenc_test::max_abs_diff(want.dv, std::vector<float>(got.dv.begin() + static_cast<std::ptrdiff_t>(cut_elems),
+                                                              got.dv.end())) <= 1e-6);
+  CHECK((want.g.u - got.g.u).cwiseAbs().maxCoeff() <= 1e-6f);
+  CHECK((want.g.v - got.g.v).cwiseAbs().maxCoeff() <= 1e-6f);
+  CHECK((want.g.r - got.g.r).cwiseAbs().maxCoeff() <= 1e-6f);
+}
+
+TEST_CASE("errors: transformer_xl keys still too far after the memory cut, nothing written",
+          "[errors][transformer_xl]") {
+  posenc_test::txl_buffers<float> const bf(1, cSq, cSk, cH, cHkv, cD, 81);
+  // distance_limit 8: the kept keys reach distance 9 (query row 3 at 39, key 30).
+  auto const enc = posenc_test::random_transformer_xl<float>(cH, cD, 6, 8, 82, cM);
+  std::string const msg = "query position of batch 0 row 3 is 39 with keys at 30 .. 39, expected every visible key "
+                          "within 8 positions (the encoder's distance_limit())";
+  posenc::attention_options<float> opt;
+  opt.causal = true;
+  std::vector<float> out(static_cast<std::size_t>(cSq * cH * cD), 5.0f);
+  auto const o = posenc::make_bshd(out.data(), 1, cSq, cH, cD);
+  REQUIRE_THROWS_WITH(posenc::attention<posenc::path::fused>(bf.qv(), bf.kv(), bf.vv(), o, enc, opt), contains(msg));
+  REQUIRE_THROWS_WITH(posenc::attention<posenc::path::reference>(bf.qv(), bf.kv(), bf.vv(), o, enc, opt),
+                      contains(msg));
+  posenc::kv_cache<float> cache(1, cHkv, cD);
+  cache.append(bf.kv(), bf.vv(), enc);
+  REQUIRE_THROWS_WITH(posenc::attention(bf.qv(), cache, o, enc, opt), contains(msg));
+  posenc::paged_kv_cache<float> pages(8, 8, cHkv, cD);
+  index_t const id = pages.add_sequence();
+  pages.append(id, bf.kv(), bf.vv(), enc);
+  REQUIRE_THROWS_WITH(posenc::attention(bf.qv(), pages, posenc::span<const index_t>(&id, 1), o, enc, opt),
+                      contains(msg));
+  std::vector<index_t> const cu_q = {0, cSq}, cu_k = {0, cSk};
+  REQUIRE_THROWS_WITH(posenc::attention(bf.qv(), bf.kv(), bf.vv(), o, posenc::packed_sequences{cu_q, cu_k}, enc, opt),
+                      contains(msg));
+  std::vector<float> dq(bf.q.size(), 5.0f), dk(bf.k.size(), 5.0f), dv(bf.v.size(), 5.0f);
+  auto g = enc.make_gradients();
+  REQUIRE_THROWS_WITH(posenc::attention_backward<posenc::path::reference>(
+                          bf.qv(), bf.kv(), bf.vv(), posenc::make_bshd<const float>(out.data(), 1, cSq, cH, cD),
+                          posenc::make_bshd<const float>(out.data(), 1, cSq, cH, cD),
+                          posenc::make_bshd(dq.data(), 1, cSq, cH, cD), posenc::make_bshd(dk.data(), 1, cSk, cHkv, cD),
+                          posenc::make_bshd(dv.data(), 1, cSk, cHkv, cD), enc, opt, g),
+                      contains(msg));
+  for (float x : out) REQUIRE(x == 5.0f);
+  for (float x : dq) REQUIRE(x == 5.0f);
+  for (float x : dk) REQUIRE(x == 5.0f);
+  CHECK(g.u.cwiseAbs().maxCoeff() == 0.0f);
+}
+
+TEST_CASE("docs/encoders/relative.md: Transformer-XL with a memory longer than memory_length()",
+          "[errors][transformer_xl][docs]") {
+  // The example of docs/encoders/relative.md over a memory of 2 x mem keys: cut to the last mem,
+  // every kept key is within the distance_limit of mem + seg.
+  posenc::index_t const heads = 4, head_dim = 16, d_model = 64, mem = 32, seg = 16;
+  posenc::relative_table<float> u = posenc::relative_table<float>::Constant(heads, head_dim, 0.01f);
+  posenc::relative_table<float> v = posenc::relative_table<float>::Constant(heads, head_dim, -0.01f);
+  posenc::relative_table<float> w_r = posenc::relative_table<float>::Constant(heads * head_dim, d_model, 0.02f);
+  posenc::transformer_xl<float> enc(mem + seg, u, v, w_r, mem);
+  std::vector<float> q(seg * heads * head_dim, 0.1f), k((2 * mem + seg) * heads * head_dim, 0.2f);
+  std::vector<float> val(k.size(), 0.3f), out(q.size(), 5.0f);
+  posenc::attention_options<float> opt;
+  opt.causal = true;
+  posenc::attention(posenc::make_bshd<const float>(q.data(), 1, seg, heads, head_dim),
+                    posenc::make_bshd<const float>(k.data(), 1, 2 * mem + seg, heads, head_dim),
+                    posenc::make_bshd<const float>(val.data(), 1, 2 * mem + seg, heads, head_dim),
+                    posenc::make_bshd(out.data(), 1, seg, heads, head_dim), enc, opt);
+  for (float x : out) CHECK(std::abs(x - 0.3f) < 1e-6f);
 }

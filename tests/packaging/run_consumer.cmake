@@ -100,7 +100,7 @@ function(consume dir extra_prefix)
   init_cache(${dir} "${extra_prefix}")
   run_step("configuring the ${KIND} consumer (${dir})"
            ${CMAKE_COMMAND} -C ${WORK}/${dir}-init.cmake -S ${SRC}/tests/packaging/${KIND} -B ${WORK}/${dir}
-           -DPOSENC_SOURCE_DIR=${SRC} ${_common} ${_posenc_mode} ${ARGN})
+           -DPOSENC_SOURCE_DIR=${SRC} -DCONSUMER_EXPECT_VERSION=${_version} ${_common} ${_posenc_mode} ${ARGN})
   check_cache(${dir})
   run_step("building the ${KIND} consumer (${dir})" ${CMAKE_COMMAND} --build ${WORK}/${dir} --config Release)
   find_consumer(${dir})
@@ -134,6 +134,12 @@ if(REJECT_VERSION)
                         "${_version} against ${REJECT_VERSION} (${rc}):\n${out}\n${err}")
   endif()
   message(STATUS "find_package(posenc ${REJECT_VERSION}) refuses posenc ${_version}: ok")
+elseif(KIND STREQUAL "find_package" AND POSENC_DIR)
+  # A build tree of posenc that is already built (POSENC_DIR): installed, then found both ways.
+  run_step("installing posenc" ${CMAKE_COMMAND} --install ${POSENC_DIR} --prefix ${WORK}/prefix --config Release)
+  consume(build ${WORK}/prefix)
+  consume(build-tree "" -Dposenc_DIR=${POSENC_DIR})
+  message(STATUS "${KIND} ${MODE} consumer: ok")
 elseif(KIND STREQUAL "find_package")
   init_cache(posenc-build "")
   run_step("configuring posenc" ${CMAKE_COMMAND} -C ${WORK}/posenc-build-init.cmake -S ${SRC} -B ${WORK}/posenc-build

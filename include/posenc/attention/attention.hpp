@@ -67,10 +67,17 @@ struct memory_cut {
     }
     cut_mask(opt.mask, cut);
     cut_mask(opt.bool_mask, cut);
-    if (o.k_positions) {  // keys keep their positions
+    if (o.k_positions) {  // keys keep their positions, queries theirs (the default ones of the whole call)
       for (index_t b = 0; b < B; ++b)
         for (index_t j = 0; j < n; ++j) k_ids.push_back(o.k_positions->at(b, cut + j));
       opt.k_positions = position_span::ids(k_ids.data(), B, n);
+      if (!o.q_positions) {
+        for (index_t b = 0; b < B; ++b) {
+          index_t const L = o.key_lengths.empty() ? Sk : o.key_lengths[b];
+          for (index_t i = 0; i < Sq; ++i) q_ids.push_back(L - Sq + i);
+        }
+        opt.q_positions = position_span::ids(q_ids.data(), B, Sq);
+      }
     } else {  // keys move to their new indices, queries with them
       for (index_t b = 0; b < B; ++b) {
         index_t const L = o.key_lengths.empty() ? Sk : o.key_lengths[b];
@@ -477,7 +484,17 @@ void cache_call_options(view<const Q> q, kv_cache<S> const& cache, E const& enc,
                     rotates ? "true" : "false", ", expected ", stored_rotated ? "true" : "false", " (the ",
                     cache.length(), " cached keys are stored ", stored_rotated ? "rotated" : "unrotated",
                     ": attend with an encoder that acts as the one used on append)");
-    check_encoder_head_dim(w, enc, cache.head_dim());
+    check_encoder_head_dim(w, enc, cache.head_dim());  // before the rotation's identity: the plainer fault
+    if constexpr (rotates) {
+      if (stored_rotated) {
+        // Compared without building anything (a decode step allocates nothing); texts only to fail.
+        encoder_identity const& rotation = rotation_identity_of(enc);
+        if (rotation != cache.key_rotation())
+          fail(w, "the encoder rotates as ", rotation.text(), ", expected ", cache.key_rotation().text(), " (the ",
+               cache.length(),
+                " cached keys were rotated so: attend with the encoder used on append)");
+      }
+    }
     opt.keys_rotated = stored_rotated;
     opt.k_positions = position_span(cache.first_position());
     // next_position() <= position_limit and q.seq >= 0 (checked): no overflow.
@@ -502,8 +519,10 @@ void cache_call_options(view<const Q> q, kv_cache<S> const& cache, E const& enc,
 ///   appended (bottom-right): query i at `cache.next_position() - Sq + i`.
 ///   `opt.q_positions` overrides it (e.g. queries that were not appended).
 /// - The encoder must act as it did on `append`: it rotates exactly when the
-///   cached keys are rotated (for a non-empty cache), and any `head_dim()` it
-///   (or a part of a compose) reports is `cache.head_dim()`.
+///   cached keys are rotated (for a non-empty cache), then as the encoder that
+///   rotated them (`rotation_identity_of(enc) == cache.key_rotation()`, else
+///   posenc::error naming both), and any `head_dim()` it (or a part of a
+///   compose) reports is `cache.head_dim()`.
 ///
 /// @param q   (batch, Sq, Hq, D), batch = cache.batch(), D = cache.head_dim(),
 ///            Hq a multiple of cache.kv_heads()

@@ -41,27 +41,34 @@ template <class Path, class T, class E>
 void run_attention_backward_here(view<const T> q, view<const T> k, view<const T> v, view<const T> out,
                                  view<const T> dout, view<T> dq, view<T> dk, view<T> dv, E const& enc,
                                  attention_options<T> const& opt, encoder_gradients_t<E>& grads,
-                                 half_masks const& masks16);
+                                 half_masks const& masks16, bool check_lse = true);
 
 /// Validates, rotates q and k when the encoder rotates, runs the path, and
 /// rotates dq and dk back (the transposed rotation). `masks16`: additive
 /// masks stored in 16 bits, beside opt's float mask (as in the forward pass).
+/// `check_lse`: a given opt.lse is checked against the recomputed scores
+/// (backward_views::check_lse); false only for an lse over more keys than k
+/// holds (ring attention's blocks).
 template <class Path, class T, class E>
 void run_attention_backward(view<const T> q, view<const T> k, view<const T> v, view<const T> out,
                             view<const T> dout, view<T> dq, view<T> dk, view<T> dv, E const& enc,
                             attention_options<T> const& opt, encoder_gradients_t<E>& grads,
-                            half_masks const& masks16 = {}) {
+                            half_masks const& masks16 = {}, bool check_lse = true) {
 #if POSENC_COMPILED
   // posenc::compiled holds the whole fused backward call of its list (compiled/list.hpp):
   // validation, rotations and kernel.
   if constexpr (std::is_same_v<typename backward_path<Path, E>::type, path::fused> &&
                 compiled_kernels::has_backward<T, E>) {
+    if (!check_lse) {  // the entry always checks a given lse: run here (the compiled kernel reads io.check_lse)
+      run_attention_backward_here<Path>(q, k, v, out, dout, dq, dk, dv, enc, opt, grads, masks16, false);
+      return;
+    }
     compiled_kernels::check_once();
     compiled_kernels::entry::attention_backward_call(q, k, v, out, dout, dq, dk, dv, enc, opt, grads, masks16);
   } else
 #endif
   {
-    run_attention_backward_here<Path>(q, k, v, out, dout, dq, dk, dv, enc, opt, grads, masks16);
+    run_attention_backward_here<Path>(q, k, v, out, dout, dq, dk, dv, enc, opt, grads, masks16, check_lse);
   }
 }
 
@@ -70,7 +77,7 @@ template <class Path, class T, class E>
 void run_attention_backward_here(view<const T> q, view<const T> k, view<const T> v, view<const T> out,
                                  view<const T> dout, view<T> dq, view<T> dk, view<T> dv, E const& enc,
                                  attention_options<T> const& opt, encoder_gradients_t<E>& grads,
-                                 half_masks const& masks16) {
+                                 half_masks const& masks16, bool check_lse) {
   using P = typename backward_path<Path, E>::type;
   using K = backward_kernel<P>;
   char const* const w = "posenc::attention_backward";
@@ -93,14 +100,6 @@ void run_attention_backward_here(view<const T> q, view<const T> k, view<const T>
     if (M > 0 && k.seq - q.seq > M) {
       index_t const cut = k.seq - q.seq - M;
       memory_cut<T> const c(q, k, v, opt, cut);
-      for (index_t b = 0; b < dk.batch; ++b)
-        for (index_t j = 0; j < cut; ++j)
-          for (index_t h = 0; h < dk.heads; ++h) {
-            T* a = dk.ptr(b, j, h);
-            T* z = dv.ptr(b, j, h);
-            for (index_t d = 0; d < dk.dim; ++d) a[d] = T(0);
-            for (index_t d = 0; d < dv.dim; ++d) z[d] = T(0);
-          }
       view<T> dkc = dk, dvc = dv;
       dkc.data += cut * dk.seq_stride;
       dkc.seq -= cut;
@@ -109,12 +108,22 @@ void run_attention_backward_here(view<const T> q, view<const T> k, view<const T>
       half_masks m = masks16;
       memory_cut<T>::cut_mask(m.half, cut);
       memory_cut<T>::cut_mask(m.bfloat16, cut);
-      run_attention_backward<Path>(q, c.k, c.v, out, dout, dq, dkc, dvc, enc, c.opt, grads, m);
+      // The cut call may throw (its lse check) before it writes: the cut keys' zeros come after it.
+      run_attention_backward<Path>(q, c.k, c.v, out, dout, dq, dkc, dvc, enc, c.opt, grads, m, check_lse);
+      for (index_t b = 0; b < dk.batch; ++b)
+        for (index_t j = 0; j < cut; ++j)
+          for (index_t h = 0; h < dk.heads; ++h) {
+            T* a = dk.ptr(b, j, h);
+            T* z = dv.ptr(b, j, h);
+            for (index_t d = 0; d < dk.dim; ++d) a[d] = T(0);
+            for (index_t d = 0; d < dv.dim; ++d) z[d] = T(0);
+          }
       return;
     }
   }
 
   backward_views<T> io{q, k, v, out, dout, dq, dk, dv};
+  io.check_lse = check_lse;  // the path checks a given lse before it writes anything
   if constexpr (has_content_bias<E, T>::value) {
     // Transformer-XL's u: the paths see q + u (as the forward pass's), so dq
     // is also the gradient of the shifted query; each row adds it to d(u).
@@ -148,11 +157,12 @@ void run_attention_backward_here(view<const T> q, view<const T> k, view<const T>
 namespace detail {
 
 /// attention_backward after its compile-time checks (a sentence for each problem).
+/// `check_lse`: as in run_attention_backward (false only for ring attention's blocks).
 template <class Path, class T, class E>
 void checked_attention_backward(view<const T> q, view<const T> k, view<const T> v, view<const T> out,
                                 view<const T> dout, view<T> dq, view<T> dk, view<T> dv, E const& enc,
                                 attention_options<T> const& opt, half_masks const& masks16,
-                                encoder_gradients_t<E>& grads) {
+                                encoder_gradients_t<E>& grads, bool check_lse = true) {
   if constexpr (!has_encoder_traits_v<E>) {
     static_assert(dependent_false_v<E>,
                   "posenc::attention_backward: E is not an encoder; specialize posenc::encoder_traits<E> "
@@ -194,7 +204,7 @@ void checked_attention_backward(view<const T> q, view<const T> k, view<const T> 
                       "posenc::attention_backward: this path has no backward pass yet; use path::reference "
                       "(or path::best, which picks the fastest path that has one)");
       } else {
-        run_attention_backward<P>(q, k, v, out, dout, dq, dk, dv, enc, opt, grads, masks16);
+        run_attention_backward<P>(q, k, v, out, dout, dq, dk, dv, enc, opt, grads, masks16, check_lse);
       }
     }
   }
@@ -216,7 +226,16 @@ void checked_attention_backward(view<const T> q, view<const T> k, view<const T> 
 /// - GQA: dk and dv of a kv head sum the gradients of every query head of its group.
 /// - `opt.lse`, when set, is read (not written): the forward pass's
 ///   log-sum-exp, from which the probabilities are recomputed; when null the
-///   path recomputes it (paths with `needs_lse` require it).
+///   path recomputes it (paths with `needs_lse` require it). A given lse is
+///   checked against the recomputed scores: every row's sum_j exp(s_ij -
+///   lse_i) must be 1 within 2^12 eps (sqrt(Sk) + |lse_i|) (0 where lse_i is
+///   -inf), else posenc::error names the row (the lse of a forward pass with
+///   other options: causal, scale, mask, encoder or positions), before any
+///   output is written. A NaN lse (the forward pass's for a row holding a
+///   NaN) gives that row NaN gradients.
+/// - A NaN in q, k or v gives NaN gradients wherever it flows (its rows' dq,
+///   the dk and dv of the keys those rows see), as it gives NaN output in the
+///   forward pass; rows with no visible key give zeros.
 /// - `opt.scores` must be null.
 /// - Transformer-XL (an encoder with a content bias): its u is added to q as
 ///   in the forward pass and d(u) gathered from dq; a memory longer than its

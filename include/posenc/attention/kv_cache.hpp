@@ -12,6 +12,7 @@
 #include "posenc/core/half.hpp"
 #include "posenc/core/positions.hpp"
 #include "posenc/core/view.hpp"
+#include "posenc/encoding/identity.hpp"
 #include "posenc/encoding/traits.hpp"
 
 namespace posenc {
@@ -35,8 +36,9 @@ inline index_t kv_grown_capacity(index_t cap, index_t tokens, index_t batch, ind
 /// advance together. Token s of the cache sits at position `first_position() + s`.
 /// When the encoder rotates queries and keys, append() stores the keys rotated
 /// (at their positions, with length = the new cache length) and records it
-/// (`keys_rotated()`); `posenc::attention(q, cache, out, enc, opt)` reads the
-/// keys, values, their positions and that record from the cache.
+/// (`keys_rotated()`) with the identity of the rotation (`key_rotation()`);
+/// `posenc::attention(q, cache, out, enc, opt)` reads the keys, values, their
+/// positions and that record from the cache.
 ///
 /// Storage: head-major, (batch, kv_heads, capacity, dim), grown
 /// geometrically: the keys of one kv head lie one after another, so that a
@@ -76,8 +78,10 @@ class kv_cache {
   /// as the next S tokens; rotates the stored keys when the encoder rotates.
   ///
   /// Every append to a non-empty cache uses an encoder that rotates exactly
-  /// when the cached keys are rotated (`keys_rotated()`): a cache never holds
-  /// rotated and unrotated keys side by side.
+  /// when the cached keys are rotated (`keys_rotated()`), and rotates as the
+  /// one that rotated them (the same `rotation_identity_of`: RoPE's base,
+  /// layout, rotary dim, scaling and caller tables): a cache never holds keys
+  /// rotated two ways side by side.
   ///
   /// Strong guarantee: every check (shapes, sizes, positions, and the encoder's
   /// own checks, which run on a rotated copy of the new keys) happens before
@@ -109,6 +113,7 @@ class kv_cache {
     // The new keys, rotated in a scratch copy (batch, n, kv_heads, head_dim):
     // the encoder checks the view and the positions before the storage changes.
     std::vector<input_type> fresh;
+    encoder_identity rotation;  // of the encoder, when it rotates
     view<const input_type> src = k;
     if constexpr (encoder_traits<E>::rotates_queries_keys) {
       fresh.resize(static_cast<std::size_t>(batch_ * n * heads_ * dim_));  // fits: k passed check_view
@@ -118,6 +123,11 @@ class kv_cache {
           for (index_t h = 0; h < heads_; ++h) std::copy(k.ptr(b, s, h), k.ptr(b, s, h) + dim_, f.ptr(b, s, h));
       enc.rotate(f, position_span(p0), p0 + n);
       src = f;
+      // After the encoder's own checks (a head_dim that does not fit is the plainer fault).
+      rotation = rotation_identity_of(enc);
+      if (len_ > 0 && rotation != rotation_)
+        detail::fail(w, "the encoder rotates as ", rotation.text(), ", expected ", rotation_.text(), " (the ", len_,
+                     " cached keys were rotated so; clear() the cache to change the encoder)");
     } else {
       (void)enc;
     }
@@ -129,7 +139,10 @@ class kv_cache {
           store_row(src.ptr(b, s, h), dim_, kd.ptr(b, len_ + s, h));
           store_row(v.ptr(b, s, h), vdim_, vd.ptr(b, len_ + s, h));
         }
-    if (len_ == 0) rotated_ = rotates;
+    if (len_ == 0) {
+      rotated_ = rotates;
+      rotation_ = std::move(rotation);
+    }
     len_ = len;
   }
 
@@ -142,6 +155,13 @@ class kv_cache {
   /// True when the cached keys are stored rotated (they were appended with an
   /// encoder that rotates queries and keys); false for an empty cache.
   bool keys_rotated() const noexcept { return len_ > 0 && rotated_; }
+  /// The identity of the rotation that rotated the cached keys
+  /// (`rotation_identity_of` the encoder of the first append); empty when
+  /// the keys are not rotated.
+  encoder_identity const& key_rotation() const noexcept {
+    static encoder_identity const none;
+    return keys_rotated() ? rotation_ : none;
+  }
   /// Position of cached token 0.
   index_t first_position() const noexcept { return first_; }
   /// Position the next appended token gets.
@@ -223,6 +243,7 @@ class kv_cache {
   index_t batch_, heads_, dim_, vdim_, first_;
   index_t len_ = 0, cap_ = 0;
   bool rotated_ = false;  // how the cached keys are stored; meaningful while len_ > 0
+  encoder_identity rotation_;  // what rotated them, when rotated_
   std::vector<T> keys_, values_;
 };
 

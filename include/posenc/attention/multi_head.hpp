@@ -185,8 +185,9 @@ class multi_head_attention {
 
   /// Gradients of the layer's parameters, shaped like them (nn.Linear layout),
   /// and the encoder's (`encoder_gradients_t<Encoder>`; start from
-  /// make_gradients(), and for ALiBi's learnable slopes set
-  /// `encoder = enc.make_gradients(true)`). backward() adds into them.
+  /// make_gradients(), which gives every encoder gradient, ALiBi's slopes
+  /// included; `encoder = enc.make_gradients(false)` skips fixed slopes).
+  /// backward() adds into them.
   struct gradients {
     matrix w_q, w_k, w_v, w_o;
     vector b_q, b_k, b_v, b_o;

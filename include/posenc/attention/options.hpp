@@ -85,6 +85,18 @@ mask_view<T> make_mask(T const* data, index_t batch, index_t heads, index_t q, i
   return {data, batch, heads, q, k, wrapping_mul(wrapping_mul(heads, q), k), wrapping_mul(q, k), k};
 }
 
+/// Mask view over the first `k` keys of (batch, heads, q) rows of `row_stride`
+/// elements each, laid one after another: a mask over a prefix of longer rows
+/// (row_stride = k gives make_mask(data, batch, heads, q, k)).
+/// @throws posenc::error unless row_stride >= k.
+template <class T>
+mask_view<T> make_mask(T const* data, index_t batch, index_t heads, index_t q, index_t k, index_t row_stride) {
+  using detail::wrapping_mul;  // huge extents wrap here; the attention checks reject them
+  detail::require(row_stride >= k, "posenc::make_mask", "row_stride is ", row_stride, ", expected >= ", k, " (k)");
+  return {data, batch, heads, q, k, wrapping_mul(wrapping_mul(heads, q), row_stride), wrapping_mul(q, row_stride),
+          row_stride};
+}
+
 /// Options of posenc::attention. Defaults give plain softmax(q k^T / sqrt(d)) v.
 template <class T>
 struct attention_options {

@@ -103,13 +103,7 @@ view<const T> gather_sequence(paged_kv_cache<T> const& cache, index_t id, bool v
 /// the entry's Sq queries (the memory cut of the contiguous call).
 template <class E>
 index_t paged_first_key(E const& enc, index_t keys, index_t sq) noexcept {
-  if constexpr (has_memory_length<E>::value) {
-    index_t const M = enc.memory_length(), memory = keys - sq;
-    return M > 0 && memory > M ? memory - M : 0;
-  } else {
-    (void)enc, (void)keys, (void)sq;
-    return 0;
-  }
+  return memory_cut_length(enc, sq, keys);
 }
 
 /// The chunks of every entry: its keys from `first_key(b)` on cut into pieces
@@ -153,11 +147,30 @@ void plan_chunks(fused::paged_work<T, S>& w, paged_kv_cache<S> const& cache, spa
   w.first_chunk[static_cast<std::size_t>(ids.size())] = static_cast<index_t>(w.chunks.size());
 }
 
+/// True when every score of enc depends on positions only through p_i - p_j,
+/// so that moving all positions of a call by one shift changes neither out nor
+/// lse: a relative encoder whose bias, if any, is shift-invariant. ALiBi's
+/// key_only and shifted forms are relative only up to a per-row constant,
+/// which the softmax cancels in out but the lse keeps.
+template <class E>
+bool scores_shift_invariant(E const& enc) noexcept {
+  if constexpr (!encoder_traits<E>::is_relative) {
+    (void)enc;
+    return false;
+  } else if constexpr (encoder_traits<E>::biases_scores) {
+    return bias_shift_invariant(enc);
+  } else {
+    (void)enc;
+    return true;
+  }
+}
+
 /// The plan of entry b (batch 1, the sequence's keys at their global indices
 /// 0 .. L - 1 and positions first + j), from validated options.
 ///
-/// `relative`: the encoder sees positions only through p_i - p_j (queries
-/// are rotated from their own ids, not from the plan). Then, when every query
+/// `relative`: the encoder's scores see positions only through p_i - p_j
+/// (scores_shift_invariant; queries are rotated from their own ids, not from
+/// the plan). Then, when every query
 /// sits at or after the first key (always so for the default positions of a
 /// decode step), every position is shifted down by `first`: the keys sit at
 /// their indices, nothing is listed per key, and a warm plan allocates
@@ -287,13 +300,23 @@ void paged_attention_here(view<const Q> q, paged_kv_cache<S> const& cache, span<
                   "are stored unrotated)");
   detail::require(!cache.keys_rotated() || rotates, w, "the encoder's rotates_queries_keys is false, expected true "
                   "(the cached keys are stored rotated: attend with an encoder that acts as the one used on append)");
+  detail::check_encoder_head_dim(w, enc, cache.head_dim());  // before the rotation's identity: the plainer fault
+  if constexpr (rotates) {
+    if (stored_rotated) {
+      // Compared without building anything (a decode step allocates nothing); texts only to fail.
+      encoder_identity const& rotation = rotation_identity_of(enc);
+      if (rotation != cache.key_rotation())
+        detail::fail(w, "the encoder rotates as ", rotation.text(), ", expected ",
+                      cache.key_rotation().text(), " (the cached keys were rotated so: attend with the encoder used "
+                      "on append)");
+    }
+  }
   detail::require(!rotates || stored_rotated || n == 0 || [&] {
     bool empty = true;
     for (index_t b = 0; b < n; ++b) empty = empty && cache.length(seq_ids[b]) == 0;
     return empty;
   }(), w, "the encoder's rotates_queries_keys is true, expected false (the cached keys are stored unrotated: "
           "attend with an encoder that acts as the one used on append)");
-  detail::check_encoder_head_dim(w, enc, cache.head_dim());
   detail::require(opt.mask.empty() || opt.mask.batch == 1 || opt.mask.batch == n, w, "mask.batch is ",
                   opt.mask.batch, ", expected 1 or ", n, " (seq_ids.size())");
   detail::require(opt.bool_mask.empty() || opt.bool_mask.batch == 1 || opt.bool_mask.batch == n, w,
@@ -405,13 +428,15 @@ void paged_attention_here(view<const Q> q, paged_kv_cache<S> const& cache, span<
       }
     }
     if (work.plans.size() < static_cast<std::size_t>(n)) work.plans.resize(static_cast<std::size_t>(n));
+    // Positions shift down by each sequence's first position only when that changes no score.
+    bool const shift_ok = detail::scores_shift_invariant(enc);
     index_t total = 0;
     for (index_t b = 0; b < n; ++b) {
       index_t const id = seq_ids[b];
       attention_options<T> const ob = detail::paged_entry_options(opt, b, cache.first_position(id), cache.length(id),
                                                                   work.q_ids.data(), Sq, q.heads, stored_rotated);
       detail::fill_paged_plan(work.plans[static_cast<std::size_t>(b)], detail::entry_of(q, b), cache, id, ob,
-                              detail::paged_entry_masks(masks16, b, cache.length(id)), encoder_traits<E>::is_relative);
+                              detail::paged_entry_masks(masks16, b, cache.length(id)), shift_ok);
       total += cache.length(id) - detail::paged_first_key(enc, cache.length(id), Sq);
     }
     auto const first_key = [&](index_t b) { return detail::paged_first_key(enc, cache.length(seq_ids[b]), Sq); };

@@ -14,6 +14,7 @@
 #include "posenc/core/positions.hpp"
 #include "posenc/core/span.hpp"
 #include "posenc/core/view.hpp"
+#include "posenc/encoding/identity.hpp"
 #include "posenc/encoding/traits.hpp"
 
 namespace posenc {
@@ -117,6 +118,28 @@ class paged_kv_cache {
     free_slots_.push_back(id);
   }
 
+  /// Keeps the first `tokens` tokens of sequence `id` (0 <= tokens <= length(id)),
+  /// as kv_cache::truncate: the next append continues at first_position(id) + tokens
+  /// (dropping the tokens of a rejected speculative draft). The pages past the
+  /// kept tokens leave the sequence's page table; those no other sequence holds
+  /// return to the pool. Other sequences are unchanged: a page shared with a fork
+  /// stays theirs, and a kept, partly filled last page that is shared is copied
+  /// before the next append writes into it (as after fork()).
+  /// @throws posenc::error naming the bad argument, the cache unchanged.
+  void truncate(index_t id, index_t tokens) {
+    char const* w = "posenc::paged_kv_cache::truncate";
+    check_id(w, "id", id);
+    sequence& s = seqs_[static_cast<std::size_t>(id)];
+    detail::require(tokens >= 0 && tokens <= s.len, w, "tokens is ", tokens, ", expected 0 <= tokens <= length(id) (",
+                    s.len, ")");
+    auto const keep = static_cast<std::size_t>(pages_for(tokens));
+    for (std::size_t j = keep; j < s.pages.size(); ++j)
+      if (--refs_[static_cast<std::size_t>(s.pages[j])] == 0) ++free_count_;
+    s.pages.resize(keep);
+    tokens_ -= s.len - tokens;
+    s.len = tokens;
+  }
+
   /// Appends the next S tokens of one sequence: k (1, S, kv_heads, head_dim), v (1, S, kv_heads, value_dim).
   template <class E>
   void append(index_t id, view<const input_type> k, view<const input_type> v, E const& enc) {
@@ -158,7 +181,12 @@ class paged_kv_cache {
   /// Strong guarantee: every check (ids, shapes, positions, free pages for
   /// the new tokens and for copies of shared pages, the encoder's own checks on
   /// rotated copies of the new keys) happens before a page is taken or
-  /// written; after a failed append the cache is unchanged.
+  /// written; after a failed append the cache is unchanged. The pages counted
+  /// are those the append takes: sequences of `ids` that share a partly filled
+  /// last page make one copy fewer than their number when no sequence outside
+  /// the batch shares it (the last one then holds the page alone and writes in
+  /// place), so the batched append fits exactly when the appends one id at a
+  /// time, in the order of `ids`, would all fit, and gives the same pages.
   template <class E>
   void append(span<const index_t> ids, view<const input_type> k, view<const input_type> v, E const& enc) {
     char const* w = "posenc::paged_kv_cache::append";
@@ -184,17 +212,17 @@ class paged_kv_cache {
                     rotates ? "true" : "false", ", expected ", rotated_ ? "true" : "false", " (the ", tokens_,
                     " cached keys are stored ", rotated_ ? "rotated" : "unrotated",
                     "; free every sequence to change the encoder)");
+    encoder_identity rotation;  // of the encoder, when it rotates
     index_t const n = k.seq;
     if (n == 0 || n_ids == 0) return;
-    index_t need = 0;  // pages taken from the pool
     for (index_t b = 0; b < n_ids; ++b) {
       sequence const& s = seqs_[static_cast<std::size_t>(ids[b])];
-      index_t const len = detail::checked_add(w, s.len, n, "length(ids[b]) + k.seq");
+      detail::checked_add(w, s.len, n, "length(ids[b]) + k.seq");
       index_t const p0 = s.first + s.len;
       detail::require(n - 1 <= position_limit - p0, w, "last new position of ids[", b, "] = ", ids[b], " is ", p0,
                       " + ", n - 1, " (next_position + k.seq - 1), expected <= ", position_limit, " (position_limit)");
-      need += pages_for(len) - static_cast<index_t>(s.pages.size()) + (shared_tail(s) ? 1 : 0);
     }
+    index_t const need = pages_needed(ids, n);
     index_t const avail = free_count_;
     detail::require(need <= avail, w, "pages needed is ", need, ", expected <= ", avail,
                     " (free pages of ", pages_, "; the cache is unchanged: free sequences or use a larger pool)");
@@ -214,13 +242,21 @@ class paged_kv_cache {
         fb.batch = 1;
         enc.rotate(fb, position_span(p0), p0 + n);
       }
+      // After the encoder's own checks (a head_dim that does not fit is the plainer fault).
+      rotation = rotation_identity_of(enc);
+      if (tokens_ > 0 && rotation != rotation_)
+        detail::fail(w, "the encoder rotates as ", rotation.text(), ", expected ", rotation_.text(), " (the ",
+                     tokens_, " cached keys were rotated so; free every sequence to change the encoder)");
       src = f;
     } else {
       (void)enc;
     }
     // Nothing below throws: pages were counted, storage exists.
     for (index_t b = 0; b < n_ids; ++b) write_tokens(seqs_[static_cast<std::size_t>(ids[b])], src, v, b);
-    if (tokens_ == 0) rotated_ = rotates;
+    if (tokens_ == 0) {
+      rotated_ = rotates;
+      rotation_ = std::move(rotation);
+    }
     tokens_ += n * n_ids;
   }
 
@@ -332,6 +368,13 @@ class paged_kv_cache {
   }
   /// True when the cached keys are stored rotated; false while the cache holds no token.
   bool keys_rotated() const noexcept { return tokens_ > 0 && rotated_; }
+  /// The identity of the rotation that rotated the cached keys
+  /// (`rotation_identity_of` the encoder of the first append); empty when
+  /// the keys are not rotated.
+  encoder_identity const& key_rotation() const noexcept {
+    static encoder_identity const none;
+    return keys_rotated() ? rotation_ : none;
+  }
   index_t pages() const noexcept { return pages_; }
   index_t free_page_count() const noexcept { return free_count_; }
   index_t page_tokens() const noexcept { return page_tokens_; }
@@ -341,10 +384,17 @@ class paged_kv_cache {
 
   /// Keys of pages [page, page + count) as one view (1, count x page_tokens(), kv_heads, head_dim),
   /// head-major: seq_stride = head_dim, head_stride = pages() x page_tokens() x head_dim.
-  view<const T> page_keys(index_t page, index_t count) const noexcept { return run(keys_.data(), dim_, page, count); }
+  /// Any pages of the pool may be viewed; rows past a sequence's length and
+  /// rows of free pages hold unspecified values.
+  /// @throws posenc::error unless 0 <= page <= pages() and 0 <= count <= pages() - page.
+  view<const T> page_keys(index_t page, index_t count) const {
+    check_run("posenc::paged_kv_cache::page_keys", page, count);
+    return run(keys_.data(), dim_, page, count);
+  }
   /// Values of pages [page, page + count) as one view (1, count x page_tokens(), kv_heads, value_dim),
-  /// head-major as page_keys().
-  view<const T> page_values(index_t page, index_t count) const noexcept {
+  /// head-major as page_keys(), checked as page_keys().
+  view<const T> page_values(index_t page, index_t count) const {
+    check_run("posenc::paged_kv_cache::page_values", page, count);
     return run(values_.data(), vdim_, page, count);
   }
 
@@ -358,6 +408,11 @@ class paged_kv_cache {
   void check_id(char const* w, char const* name, index_t id) const {
     detail::require(contains(id), w, name, " is ", id, ", expected the id of an open sequence (0 .. ",
                     static_cast<index_t>(seqs_.size()) - 1, ", not freed)");
+  }
+  void check_run(char const* w, index_t page, index_t count) const {
+    detail::require(page >= 0 && page <= pages_, w, "page is ", page, ", expected 0 .. ", pages_, " (pages())");
+    detail::require(count >= 0 && count <= pages_ - page, w, "count is ", count, ", expected 0 .. ", pages_ - page,
+                    " (pages() - page)");
   }
   index_t take_slot() {
     index_t id;
@@ -377,6 +432,31 @@ class paged_kv_cache {
   // The last page is partly filled and shared: an append copies it first.
   bool shared_tail(sequence const& s) const noexcept {
     return s.len % page_tokens_ != 0 && refs_[static_cast<std::size_t>(s.pages.back())] > 1;
+  }
+  // Pages an append of n tokens to each of `ids` (in order) takes from the
+  // pool, as write_tokens takes them: new pages for growth, plus a copy for
+  // each sequence whose partly filled last page is still shared when its turn
+  // comes. Each copy drops that page's count by one, so when m sequences before
+  // it in the batch end in the same partly filled page, m copies were made
+  // (each of them still shared it with this one) and this one copies only if
+  // the count minus m is above 1: of the sequences sharing a page, all in
+  // the batch, the last writes in place. Quadratic in ids.size(), as the
+  // distinct-ids check; allocates nothing.
+  index_t pages_needed(span<const index_t> ids, index_t n) const noexcept {
+    index_t need = 0;
+    for (index_t b = 0; b < ids.size(); ++b) {
+      sequence const& s = seqs_[static_cast<std::size_t>(ids[b])];
+      need += pages_for(s.len + n) - static_cast<index_t>(s.pages.size());
+      if (s.len % page_tokens_ == 0) continue;
+      index_t const tail = s.pages.back();
+      index_t made = 0;
+      for (index_t c = 0; c < b; ++c) {
+        sequence const& o = seqs_[static_cast<std::size_t>(ids[c])];
+        made += o.len % page_tokens_ != 0 && o.pages.back() == tail;
+      }
+      need += refs_[static_cast<std::size_t>(tail)] - made > 1;
+    }
+    return need;
   }
   // A free page for a sequence whose pages end at page `after` (-1: none yet).
   // Pages are handed out so that each sequence's pages stay consecutive where
@@ -475,6 +555,7 @@ class paged_kv_cache {
   index_t pages_, page_tokens_, heads_, dim_, vdim_;
   index_t tokens_ = 0;    // sum of the lengths of the open sequences (0: no rotation recorded)
   bool rotated_ = false;  // how the cached keys are stored; meaningful while tokens_ > 0
+  encoder_identity rotation_;  // what rotated them, when rotated_
   std::vector<T> keys_, values_;
   std::vector<index_t> refs_, free_slots_;  // refs_[p] == 0: page p is free
   index_t free_count_ = 0;

@@ -398,19 +398,36 @@ void set_half_masks(attention_plan<T>& p, half_masks const& m) noexcept {
     p.bfloat16_mask.batch_stride = p.bfloat16_mask.head_stride = p.bfloat16_mask.q_stride = 0;
 }
 
+/// Keys a call of Sq queries over Sk keys drops before attention: for an
+/// encoder with a segment memory of M > 0 keys (transformer_xl), the memory
+/// keys before its last M when it holds more; else 0.
+template <class E>
+index_t memory_cut_length(E const& enc, index_t sq, index_t sk) noexcept {
+  if constexpr (has_memory_length<E>::value) {
+    index_t const M = enc.memory_length();
+    return M > 0 && sk - sq > M ? sk - sq - M : 0;
+  } else {
+    (void)enc, (void)sq, (void)sk;
+    return 0;
+  }
+}
+
 /// Throws unless every query-key pair that can be visible (not padding; with
 /// causal, p_j <= p_i and within the window) is at most `limit` apart:
 /// a bound from the smallest and largest positions of each batch entry.
+/// `cut`: the first keys the call drops before attention (a segment memory
+/// longer than the encoder's memory_length()); the others keep their
+/// positions and the queries theirs, so only the kept keys are checked.
 template <class T, class Q, class KV>
 void check_distances(char const* w, index_t limit, view<const Q> q, view<const KV> k,
-                     attention_options<T> const& opt) {
+                     attention_options<T> const& opt, index_t cut = 0) {
   index_t const B = q.batch, Sq = q.seq, Sk = k.seq;
   bool const restricted = opt.causal || opt.sliding_window > 0;
   for (index_t b = 0; b < B; ++b) {
     index_t const L = opt.key_lengths.empty() ? Sk : opt.key_lengths[b];
-    if (L == 0 || Sq == 0) continue;
+    if (L <= cut || Sq == 0) continue;
     index_t kmin = std::numeric_limits<index_t>::max(), kmax = std::numeric_limits<index_t>::min();
-    for (index_t j = 0; j < L; ++j) {
+    for (index_t j = cut; j < L; ++j) {
       index_t const pj = opt.k_positions ? opt.k_positions->at(b, j) : j;
       kmin = std::min(kmin, pj);
       kmax = std::max(kmax, pj);
@@ -564,7 +581,9 @@ void validate(view<const Q> q, view<const KV> k, view<const KV> v, view<O> out, 
       }
     }
   }
-  if constexpr (has_distance_limit<E>::value) check_distances(w, enc.distance_limit(), q, k, opt);
+  // Distances of the keys attended: after the memory cut, as the cut call has them.
+  if constexpr (has_distance_limit<E>::value)
+    check_distances(w, enc.distance_limit(), q, k, opt, memory_cut_length(enc, Sq, Sk));
 
   // Aliasing: every path reads q, k, v and the masks while it writes out, lse
   // and scores, so no output may share a byte with an input or another output.

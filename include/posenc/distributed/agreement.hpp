@@ -5,6 +5,7 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -14,7 +15,7 @@
 
 namespace posenc::distributed::detail {
 
-/// FNV-1a over bytes: a cheap fingerprint of options and encoder probes.
+/// FNV-1a over bytes: a cheap fingerprint of options.
 class hasher {
  public:
   void add_bytes(void const* p, std::size_t n) noexcept {
@@ -57,7 +58,6 @@ enum class field : int {
   k_offset,
   key_lengths,
   encoder_type,
-  encoder_params,
   count_
 };
 
@@ -67,18 +67,19 @@ inline char const* field_name(field f) noexcept {
                                       "q.dim",               "v.dim",        "layout",      "causal",
                                       "sliding_window",      "scale (bits)", "softcap (bits)", "keys_rotated",
                                       "q_positions offset",  "k_positions offset", "key_lengths (hash)",
-                                      "encoder type (hash)", "encoder parameters (probe hash)"};
+                                      "encoder type (hash)"};
   return names[static_cast<int>(f)];
 }
 
 inline constexpr std::size_t message_chars_v = 400;
 
-/// What one rank sends: the agreed fields, its shard length, and its error
-/// message when its own arguments are bad (empty when not). Trivially
-/// copyable: it travels as bytes.
+/// What one rank sends: the agreed fields, its shard length, the digest of
+/// its encoder's identity (second phase), and its error message when its own
+/// arguments are bad (empty when not). Trivially copyable: it travels as bytes.
 struct descriptor {
   std::int64_t values[static_cast<int>(field::count_)] = {};
   std::int64_t shard_length = 0;
+  std::uint64_t encoder_digest = 0;
   char error[message_chars_v] = {};
 
   std::int64_t get(field f) const noexcept { return values[static_cast<int>(f)]; }
@@ -102,10 +103,15 @@ inline std::vector<descriptor> exchange(MPI_Comm comm, descriptor const& mine) {
 
 /// Throws posenc::error on every rank when a rank reported an error (that rank
 /// throws its own message, the others name it) or when a rank's fields differ
-/// from rank 0's. Every rank sees the same list, so every rank throws.
-inline void require_agreement(std::vector<descriptor> const& all, int rank) {
-  char const* const w = "posenc::ring_attention";
-  if (all[static_cast<std::size_t>(rank)].has_error()) POSENC_THROW(error(all[static_cast<std::size_t>(rank)].error));
+/// from rank 0's. Every rank sees the same list, so every rank throws. `w`
+/// names the call (posenc::ring_attention or posenc::ring_attention_backward);
+/// a rank's own message that names another function gets it in front.
+inline void require_agreement(std::vector<descriptor> const& all, int rank, char const* w) {
+  if (all[static_cast<std::size_t>(rank)].has_error()) {
+    std::string const own = all[static_cast<std::size_t>(rank)].error;
+    std::string const prefix = std::string(w) + ":";
+    POSENC_THROW(error(own.compare(0, prefix.size(), prefix) == 0 ? own : std::string(w) + ": " + own));
+  }
   for (std::size_t r = 0; r < all.size(); ++r)
     posenc::detail::require(!all[r].has_error(), w, "rank ", r, " rejected its arguments (", all[r].error,
                             "), expected every rank to accept them");
@@ -114,6 +120,22 @@ inline void require_agreement(std::vector<descriptor> const& all, int rank) {
       posenc::detail::require(all[r].values[f] == all[0].values[f], w, field_name(static_cast<field>(f)), " is ",
                               all[r].values[f], " on rank ", r, ", expected ", all[0].values[f],
                               " (as on rank 0: every rank passes the same shapes, options and encoder)");
+}
+
+/// Throws posenc::error on every rank when a rank's encoder identity digest
+/// differs from rank 0's, naming the call, the first such rank, and this
+/// rank's own identity text (`mine`). Every rank sees the same list.
+inline void require_same_encoder(std::vector<descriptor> const& all, int rank, char const* w, std::string const& mine) {
+  for (std::size_t r = 1; r < all.size(); ++r) {
+    if (all[r].encoder_digest == all[0].encoder_digest) continue;
+    char digests[80];
+    std::snprintf(digests, sizeof digests, "#%016llx on rank %zu, #%016llx on rank 0",
+                  static_cast<unsigned long long>(all[r].encoder_digest), r,
+                  static_cast<unsigned long long>(all[0].encoder_digest));
+    posenc::detail::fail(w, "the encoder differs between ranks (identity digest ", digests,
+                         "), expected the same encoder with the same parameters on every rank; rank ", rank,
+                         " has ", mine);
+  }
 }
 
 }  // namespace posenc::distributed::detail

@@ -96,56 +96,11 @@ class comm_copy {
   MPI_Comm comm_ = MPI_COMM_NULL;
 };
 
-/// The probe of an encoder's parameters: its rotation of fixed vectors, its
-/// bias rows and Shaw terms at fixed positions, hashed (encoders of one type
-/// built with different parameters give different probes).
-template <class T, class E>
-std::uint64_t encoder_probe(E const& enc, index_t q_heads, index_t head_dim) {
-  hasher h;
-  h.add(static_cast<std::int64_t>(enc.max_positions()));
-  index_t const n = 41, qp = 1000, kp = 980;
-  std::vector<T> row(static_cast<std::size_t>(std::max(n, head_dim)));
-  if constexpr (encoder_traits<E>::rotates_queries_keys) {
-    if (head_dim > 0) {
-      std::vector<T> x(static_cast<std::size_t>(4 * head_dim));
-      for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<T>(std::sin(0.37 * static_cast<double>(i)));
-      index_t const ids[4] = {0, 1, 7, qp};
-      enc.rotate(make_bshd(x.data(), 1, 4, 1, head_dim), position_span::ids(ids, 1, 4), qp + 1);
-      h.add_values(x.data(), x.size());
-    }
-  }
-  if constexpr (encoder_traits<E>::biases_scores) {
-    index_t const eh = enc.heads();
-    if (eh == 0 || eh == q_heads) {  // else the validation has rejected it
-      for (index_t hd = 0; hd < std::min<index_t>(q_heads, 8); ++hd) {
-        std::fill(row.begin(), row.end(), T(0));
-        enc.bias_row(hd, qp, kp, n, row.data());
-        h.add_values(row.data(), static_cast<std::size_t>(n));
-      }
-    }
-  }
-  if constexpr (encoder_traits<E>::relative_key_value) {
-    if (enc.head_dim() == head_dim) {
-      std::vector<T> q(static_cast<std::size_t>(head_dim)), p(static_cast<std::size_t>(n), T(1) / T(n));
-      for (std::size_t i = 0; i < q.size(); ++i) q[i] = static_cast<T>(std::cos(0.61 * static_cast<double>(i)));
-      std::fill(row.begin(), row.end(), T(0));
-      enc.score_row(q.data(), qp, kp, n, T(1), row.data());
-      h.add_values(row.data(), static_cast<std::size_t>(n));
-      if (enc.has_values()) {
-        std::fill(row.begin(), row.end(), T(0));
-        enc.value_row(p.data(), qp, kp, n, row.data());
-        h.add_values(row.data(), static_cast<std::size_t>(head_dim));
-      }
-    }
-  }
-  return h.value();
-}
-
-/// The first phase's checks: what a rank can check alone. Throws posenc::error.
+/// The first phase's checks: what a rank can check alone. Throws posenc::error
+/// naming the call `w`.
 template <class T>
-void check_local(view<const T> q, view<const T> k, ring_options<T> const& opt) {
+void check_local(char const* w, view<const T> q, view<const T> k, ring_options<T> const& opt) {
   using posenc::detail::require;
-  char const* const w = "posenc::ring_attention";
   require(opt.mask.empty(), w, "mask is set, expected none (masks are not split across ranks)");
   require(opt.bool_mask.empty(), w, "bool_mask is set, expected none (masks are not split across ranks)");
   require(opt.scores == nullptr, w, "scores is set, expected null (the scores output is not split across ranks)");
@@ -398,26 +353,27 @@ attention_options<T> block_options(ring_setup<T> const& st, ring_options<T> cons
 
 /// The two agreement phases: (1) shapes, options and shard lengths against
 /// every other rank, then the shard map; (2) this rank's share validated with
-/// its global positions, its first block packed (and rotated), the encoder's
-/// probe against every other rank. Throws the same posenc::error on every rank.
+/// its global positions, its first block packed (and rotated), the digest of
+/// the encoder's identity (identity_of: every parameter and table) against
+/// every other rank. Throws the same posenc::error on every rank, naming the
+/// call `w` (posenc::ring_attention or posenc::ring_attention_backward).
 template <class T, class E>
-void agree_and_prepare(MPI_Comm comm, int r, view<const T> q, view<const T> k, view<const T> v, view<T> out,
-                       E const& enc, ring_options<T> const& opt, ring_setup<T>& st) {
+void agree_and_prepare(char const* w, MPI_Comm comm, int r, view<const T> q, view<const T> k, view<const T> v,
+                       view<T> out, E const& enc, ring_options<T> const& opt, ring_setup<T>& st) {
   using posenc::detail::require;
-  char const* const w = "posenc::ring_attention";
   descriptor mine;
   try {
-    check_local(q, k, opt);
+    check_local(w, q, k, opt);
     mine = describe<T, E>(q, k, v, opt);
   } catch (error const& e) {
     mine.set_error(e.what());
   }
   std::vector<descriptor> const all = exchange(comm, mine);
-  require_agreement(all, r);
+  require_agreement(all, r, w);
 
   std::vector<index_t> lengths;
   for (auto const& d : all) lengths.push_back(d.shard_length);
-  st.map = make_shard_map(opt.layout, span<const index_t>(lengths.data(), static_cast<index_t>(lengths.size())));
+  st.map = make_shard_map(opt.layout, span<const index_t>(lengths.data(), static_cast<index_t>(lengths.size())), w);
   st.q_offset = mine.get(field::q_offset);
   st.k_offset = mine.get(field::k_offset);
   index_t const B = q.batch, Hkv = k.heads, D = q.dim, Dv = v.dim;
@@ -437,14 +393,17 @@ void agree_and_prepare(MPI_Comm comm, int r, view<const T> q, view<const T> k, v
           " (one MPI message; use more ranks or a smaller batch)");
 
   descriptor second;
+  encoder_identity id;
   try {
     prepare(st, r, q, k, v, out, enc, opt);
-    second.values[static_cast<int>(field::encoder_params)] =
-        static_cast<std::int64_t>(encoder_probe<T>(enc, q.heads, D));
+    id = identity_of(enc);
+    second.encoder_digest = id.digest();
   } catch (error const& e) {
     second.set_error(e.what());
   }
-  require_agreement(exchange(comm, second), r);
+  std::vector<descriptor> const all2 = exchange(comm, second);
+  require_agreement(all2, r, w);
+  require_same_encoder(all2, r, w, id.text());
 }
 
 /// One (query run, key run) pair: attention of the run's queries (rows
@@ -525,9 +484,11 @@ void for_each_visible_pair(ring_setup<T> const& st, int r, int src, bool causal,
 /// (causal future, outside the window) are skipped.
 ///
 /// Every rank of `comm` must call it. The ranks first exchange a descriptor
-/// (shapes, options, the encoder's type and a probe of its parameters, the
-/// shard lengths): a disagreement, or a bad argument on any rank, throws
-/// posenc::error on every rank, before anything is written.
+/// (shapes, options, the encoder's type, the shard lengths), then the digest
+/// of the encoder's identity (identity_of(enc): every parameter and every
+/// table entry): a disagreement, or a bad argument on any rank, throws
+/// posenc::error on every rank, before anything is written; an encoder that
+/// differs names this rank's identity text.
 ///
 /// @param q   (batch, shard, Hq, D): this rank's queries
 /// @param k   (batch, shard, Hkv, D): the keys of the same tokens
@@ -561,7 +522,7 @@ ring_stats ring_attention(MPI_Comm comm, view<const posenc::detail::identity_t<T
   ring_workspace<T> own;
   st.ws = opt.workspace != nullptr ? opt.workspace : &own;
   ring_workspace<T>& ws = *st.ws;
-  detail::agree_and_prepare(ring.get(), r, q, k, v, out, enc, opt, st);
+  detail::agree_and_prepare("posenc::ring_attention", ring.get(), r, q, k, v, out, enc, opt, st);
   std::vector<index_t> const& lengths = st.map.lengths;
   index_t const B = q.batch, S = q.seq, Hq = q.heads, Hkv = k.heads, D = q.dim, Dv = v.dim;
 

@@ -59,10 +59,14 @@ void backward_block(MPI_Comm comm, ring_backward_buffers<T>& bb, T* partial, ind
   view<T> const dk = make_bshd(bb.dk_run.data(), B, kn, Hkv, D);
   view<T> const dv = make_bshd(bb.dv_run.data(), B, kn, Hkv, Dv);
   try {
+    // The lse is the whole sequence's, over more keys than this block's: a row's probabilities here
+    // sum to less than 1, so the backward pass's check of a given lse is off (the last argument).
     if constexpr (encoder_traits<E>::rotates_queries_keys)
-      attention_backward<path::fused>(q, k, v, out, dout, dq, dk, dv, rotation_applied<E>(enc), o, grads);
+      posenc::detail::checked_attention_backward<path::fused, T>(q, k, v, out, dout, dq, dk, dv,
+                                                                 rotation_applied<E>(enc), o, {}, grads, false);
     else
-      attention_backward<path::fused>(q, k, v, out, dout, dq, dk, dv, enc, o, grads);
+      posenc::detail::checked_attention_backward<path::fused, T>(q, k, v, out, dout, dq, dk, dv, enc, o, {}, grads,
+                                                                 false);
   } catch (error const& e) {
     // Unreachable after the agreement phases; the other ranks would wait forever.
     std::fprintf(stderr, "%s\n", e.what());
@@ -131,20 +135,24 @@ ring_stats ring_attention_backward(MPI_Comm comm, view<const posenc::detail::ide
                             out.batch_stride,         out.seq_stride,   out.head_stride, out.dim_stride};
   detail::descriptor mine;
   try {
-    posenc::detail::require(opt.lse != nullptr, w,
-                            "lse is null, expected the forward ring_attention's log-sum-exp (batch, Hq, shard)");
+    // A rank that holds no token has no log-sum-exp: a null lse is its zero values.
+    posenc::detail::check_view(w, "q", q);
+    index_t const lse_values = q.batch * q.heads * q.seq;  // fits: a partial product of q's checked element count
+    posenc::detail::require(opt.lse != nullptr || lse_values == 0, w,
+                            "lse is null, expected the forward ring_attention's log-sum-exp (batch, Hq, shard) = ",
+                            lse_values, " values");
     posenc::detail::validate_backward(w, q, k, v, out, dout, dq, dk, dv, enc, opt, grads, true);
   } catch (error const& e) {
     mine.set_error(e.what());
   }
-  detail::require_agreement(detail::exchange(ring.get(), mine), r);
+  detail::require_agreement(detail::exchange(ring.get(), mine), r, w);
 
   // Phases 1 and 2 of the forward ring: agreement, shard map, first block packed and rotated.
   detail::ring_setup<T> st;
   ring_workspace<T> own;
   st.ws = opt.workspace != nullptr ? opt.workspace : &own;
   ring_workspace<T>& ws = *st.ws;
-  detail::agree_and_prepare(ring.get(), r, q, k, v, out_checked, enc, opt, st);
+  detail::agree_and_prepare(w, ring.get(), r, q, k, v, out_checked, enc, opt, st);
   std::vector<index_t> const& lengths = st.map.lengths;
   index_t const B = q.batch, S = q.seq, Hq = q.heads, Hkv = k.heads, D = q.dim, Dv = v.dim;
   index_t const block_elems = B * st.max_block * Hkv * (D + Dv);

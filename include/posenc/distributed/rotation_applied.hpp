@@ -25,6 +25,11 @@ class rotation_applied {
 
   /// E's max_positions().
   index_t max_positions() const { return enc_->max_positions(); }
+  /// `rotation_applied(encoder ...)`: the wrapped encoder's identity.
+  encoder_identity identity() const {
+    encoder_identity id("rotation_applied");
+    return id.add("encoder", posenc::identity_of(*enc_));
+  }
   /// E's heads(), when E has one.
   template <class F = E>
   auto heads() const -> decltype(index_t(std::declval<F const&>().heads())) {

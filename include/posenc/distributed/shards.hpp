@@ -59,9 +59,10 @@ struct shard_map {
 
 /// The shard map of ranks holding `lengths[r]` tokens each. Contiguous: any
 /// lengths >= 0. Zig-zag: the lengths must be those of zigzag_segments of
-/// their sum; throws posenc::error naming the first rank that differs.
-inline shard_map make_shard_map(shard_layout layout, span<const index_t> lengths) {
-  char const* const w = "posenc::ring_attention";
+/// their sum; throws posenc::error naming the first rank that differs (and
+/// the call `w`: ring_attention passes its own name).
+inline shard_map make_shard_map(shard_layout layout, span<const index_t> lengths,
+                                char const* w = "posenc::distributed::make_shard_map") {
   shard_map m;
   index_t const ranks = lengths.size();
   posenc::detail::require(ranks >= 1, w, "the rank count is ", ranks, ", expected >= 1");

@@ -160,6 +160,16 @@ class alibi {
   /// L for the shifted form, else 0 (any position).
   index_t max_positions() const noexcept { return form_ == alibi_form::shifted ? key_length_ : 0; }
 
+  /// Element type, form, heads, key_length and a digest of the served heads'
+  /// slopes (the shard enters through them).
+  encoder_identity identity() const {
+    static char const* const forms[] = {"paper", "key_only", "shifted", "symmetric"};
+    encoder_identity id("alibi");
+    id.add("type", detail::element_name<T>()).add("form", forms[static_cast<int>(form_)]);
+    id.add("heads", heads_).add("key_length", key_length_);
+    return id.add_table("slopes", slopes_.data(), 1, heads_, heads_);
+  }
+
   /// Slope of served head `head` (model head head_offset() + head).
   T slope(index_t head) const {
     detail::rel::check_head("posenc::alibi::slope", head, heads_);
@@ -218,12 +228,12 @@ class alibi {
 
   // --- backward (hooks documented in posenc/encoding/traits.hpp) -----------
 
-  /// Gradient of the served heads' slopes, for models that learn them. Empty
-  /// (the default, and make_gradients()): the slopes are fixed and nothing is
-  /// computed; `heads()` values (make_gradients(true)): d(slope_h) = sum over
+  /// Gradient of the served heads' slopes. `heads()` values (the default:
+  /// make_gradients(), posenc::make_gradients(enc)): d(slope_h) = sum over
   /// the pairs of head h of d(bias) * distance, where distance is the bias at
   /// slope 1 of the form (paper k - q, key_only k, shifted k - (L - 1),
-  /// symmetric -|k - q|).
+  /// symmetric -|k - q|). Empty only when asked for (make_gradients(false):
+  /// fixed slopes, nothing computed).
   struct gradients {
     std::vector<T> slopes;
     void set_zero() { std::fill(slopes.begin(), slopes.end(), T(0)); }
@@ -238,8 +248,9 @@ class alibi {
       return *this;
     }
   };
-  /// No slope gradients unless `learn_slopes` (then heads() zeros).
-  gradients make_gradients(bool learn_slopes = false) const {
+  /// heads() zero slope gradients; none when `learn_slopes` is false (fixed
+  /// slopes, as in the paper: the backward then skips their sums).
+  gradients make_gradients(bool learn_slopes = true) const {
     return {learn_slopes ? std::vector<T>(static_cast<std::size_t>(heads_), T(0)) : std::vector<T>{}};
   }
   /// Throws unless g.slopes is empty or has heads() values.

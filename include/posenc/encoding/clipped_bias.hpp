@@ -82,6 +82,14 @@ class clipped_bias {
   /// Any position works.
   index_t max_positions() const noexcept { return 0; }
 
+  /// Element type, max_distance, heads and a digest of the table (stored
+  /// transposed: heads x (2 * max_distance + 1)).
+  encoder_identity identity() const {
+    encoder_identity id("clipped_bias");
+    id.add("type", detail::element_name<T>()).add("max_distance", k_).add("heads", heads_);
+    return id.add_table("table", table_t_.data(), heads_, 2 * k_ + 1, 2 * k_ + 1);
+  }
+
   /// Table entry (row, head); row = clipped distance + K (widened for a 16-bit table).
   compute_type weight(index_t row, index_t head) const {
     detail::require(row >= 0 && row <= 2 * k_, "posenc::clipped_bias::weight", "row is ", row, ", expected 0 .. ",

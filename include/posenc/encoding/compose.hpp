@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <string>
 #include <tuple>
 #include <utility>
 
@@ -23,12 +24,52 @@ class compose {
                 "composition cannot forward; pass that encoder to attention alone");
 
  public:
-  explicit compose(E... parts) : parts_(std::move(parts)...) {}
+  explicit compose(E... parts) : parts_(std::move(parts)...) {
+    // The parts never change after this (parts() is const): their rotation is known once, so that
+    // every cache check of a decode step compares without building it again.
+    if constexpr ((rotates_queries_keys_v<E> || ...)) rotation_ = make_rotation_identity();
+  }
 
   std::tuple<E...> const& parts() const noexcept { return parts_; }
   template <std::size_t I>
   auto const& get() const noexcept { return std::get<I>(parts_); }
 
+  /// `compose(part0 ..., part1 ...)`: every part's identity (identity_of), in order.
+  encoder_identity identity() const {
+    encoder_identity id("compose");
+    for_each_indexed([&](auto const& p, auto i) {
+      std::string const name = "part" + std::to_string(decltype(i)::value);
+      id.add(name.c_str(), posenc::identity_of(p));
+    });
+    return id;
+  }
+
+  /// The identity of what rotates queries and keys: the rotating part's own
+  /// rotation identity when there is one (so a cache filled through RoPE +
+  /// ALiBi serves RoPE + another ALiBi, or RoPE alone), else `compose(...)`
+  /// of the rotating parts only, by their index among all parts. Known from
+  /// construction (empty when no part rotates).
+  encoder_identity const& rotation_identity() const noexcept { return rotation_; }
+
+ private:
+  encoder_identity make_rotation_identity() const {
+    constexpr int rotating = (0 + ... + (rotates_queries_keys_v<E> ? 1 : 0));
+    encoder_identity id("compose");
+    for_each_indexed([&](auto const& p, auto i) {
+      if constexpr (rotates_queries_keys_v<std::decay_t<decltype(p)>>) {
+        if constexpr (rotating == 1) {
+          (void)i;
+          id = posenc::rotation_identity_of(p);
+        } else {
+          std::string const name = "part" + std::to_string(decltype(i)::value);
+          id.add(name.c_str(), posenc::rotation_identity_of(p));
+        }
+      }
+    });
+    return id;
+  }
+
+ public:
   index_t max_positions() const noexcept {
     index_t m = 0;
     std::apply([&](auto const&... p) { ((m = pick(m, p.max_positions())), ...); }, parts_);
@@ -246,6 +287,7 @@ class compose {
   }
 
   std::tuple<E...> parts_;
+  encoder_identity rotation_;  // rotation_identity(), of the rotating parts
 };
 
 template <class... E>

@@ -125,7 +125,8 @@ class learned {
   /// outside +-2 stddev (original TF BERT; the realised std is 0.8796 stddev).
   /// The generator is a 64-bit Mersenne Twister with our own Box-Muller
   /// transform, so a seed gives the same table with every standard library.
-  /// If `padding_row >= 0` that row is zero (HF RoBERTa's padding row).
+  /// If `padding_row >= 0` that row is zero and is the encoder's padding row
+  /// (`with_padding_row`: HF RoBERTa's, as `nn.Embedding(padding_idx=...)`).
   static learned random(index_t rows, index_t d_model, std::uint64_t seed, index_t offset = 0,
                         double stddev = 0.02, index_t padding_row = -1) {
     constexpr char const* where = "posenc::learned::random";
@@ -136,12 +137,12 @@ class learned {
     if constexpr (is_half_storage_v<T>) {
       // The draws of learned<float>::random, each rounded once.
       auto const f = learned<float>::random(rows, d_model, seed, offset, stddev, padding_row);
-      return rounded_from(f.table(), rows, d_model, offset);
+      return rounded_from(f.table(), rows, d_model, offset).with_padding_row(padding_row);
     } else {
       auto buf = std::make_shared<aligned_buffer<T>>(rows * d_model);  // fits: check_shape
       detail::truncated_normal_fill(buf->data(), rows * d_model, seed, stddev);
       if (padding_row >= 0) std::fill_n(buf->data() + padding_row * d_model, d_model, T(0));
-      return learned(std::move(buf), rows, d_model, offset);
+      return learned(std::move(buf), rows, d_model, offset).with_padding_row(padding_row);
     }
   }
 
@@ -162,6 +163,30 @@ class learned {
   span<const T> table() const noexcept { return {data_, rows_ * d_}; }
   /// Largest usable position + 1: rows - offset.
   index_t max_positions() const noexcept { return rows_ - offset_; }
+
+  /// Element type, rows, d_model, offset and a digest of the table, read
+  /// when called (a borrowed table is hashed as it is then).
+  encoder_identity identity() const {
+    encoder_identity id("learned");
+    id.add("type", detail::element_name<T>()).add("rows", rows_).add("d_model", d_).add("offset", offset_);
+    id.add("padding_row", padding_row_);
+    return id.add_table("table", data_, rows_, d_, d_);
+  }
+
+  /// The same table with `row` as its padding row (-1: none, the default), as
+  /// PyTorch's `nn.Embedding(padding_idx=row)`: the row is read as any other
+  /// (a padding token reads it at position row - offset), but add_to_backward
+  /// gives it no gradient. HF RoBERTa, XLM-R and CamemBERT have one (row 1);
+  /// BART and OPT read their row 1 for padding without one, so it learns.
+  learned with_padding_row(index_t row) const {
+    detail::require(row >= -1 && row < rows_, "posenc::learned::with_padding_row", "row is ", row,
+                    ", expected -1 (none) or in [0, ", rows_, ") (rows)");
+    learned r = *this;
+    r.padding_row_ = row;
+    return r;
+  }
+  /// The row that gets no gradient (`with_padding_row`), or -1.
+  index_t padding_row() const noexcept { return padding_row_; }
 
   /// The same table read with another offset.
   learned with_offset(index_t offset) const {
@@ -230,7 +255,9 @@ class learned {
   // --- backward (hooks documented in posenc/encoding/traits.hpp) -----------
 
   /// Gradient of the table, row-major (rows, d_model) like table(): reserved
-  /// rows included (a padding row read at position -1 gets its gradient too).
+  /// rows included (a row read for padding, as OPT's row 1 at position -1,
+  /// gets its gradient), except the padding row (`with_padding_row`), which
+  /// gets none, as in PyTorch's nn.Embedding(padding_idx).
   struct gradients {
     std::vector<compute_type> table;
     void set_zero() { std::fill(table.begin(), table.end(), compute_type(0)); }
@@ -280,8 +307,9 @@ class learned {
     }
     for (index_t b = 0; b < dx.batch; ++b) {
       for (index_t s = 0; s < dx.seq; ++s) {
-        compute_type* row = g.table.data() + (pos.at(b, s) + offset_) * d_;
-        detail::add_scaled_row(row, dx.ptr(b, s), d_, compute_type(1));
+        index_t const r = pos.at(b, s) + offset_;
+        if (r == padding_row_) continue;  // nn.Embedding(padding_idx): no gradient
+        detail::add_scaled_row(g.table.data() + r * d_, dx.ptr(b, s), d_, compute_type(1));
       }
     }
   }
@@ -291,7 +319,8 @@ class learned {
   /// position axis to `new_positions` rows (docs/formulas.md 2.3,
   /// torch.nn.functional.interpolate(mode="linear") of a [1, d, rows - offset]
   /// tensor); the `offset` reserved rows before them (RoBERTa's padding row,
-  /// BART's two) are kept as they are. The result has offset + new_positions
+  /// BART's two) are kept as they are, and a padding row among them stays the
+  /// padding row (one past them is resampled and is not). The result has offset + new_positions
   /// rows and max_positions() == new_positions. align_corners = true keeps the
   /// first and last position rows; false (PyTorch's default) keeps the first
   /// when growing and clamps the tail to the last. Computed in double, rounded once.
@@ -322,7 +351,8 @@ class learned {
       for (index_t c = 0; c < d_; ++c)
         out[c] = to_table((1.0 - a) * detail::stored_value<double>(r0[c]) + a * detail::stored_value<double>(r1[c]));
     }
-    return learned(std::move(buf), new_rows, d_, offset_);
+    // The reserved rows are kept, and with them a padding row among them.
+    return learned(std::move(buf), new_rows, d_, offset_).with_padding_row(padding_row_ < offset_ ? padding_row_ : -1);
   }
 
  private:
@@ -361,6 +391,7 @@ class learned {
   std::shared_ptr<aligned_buffer<T> const> own_;  // null when borrowed
   T const* data_ = nullptr;                         // (rows_, d_), row-major
   index_t rows_ = 0, d_ = 0, offset_ = 0;
+  index_t padding_row_ = -1;  // gets no gradient; -1: none
 };
 
 template <class T>

@@ -9,6 +9,8 @@ namespace posenc {
 /// The encoder that encodes nothing: no hook, any position.
 struct none {
   constexpr index_t max_positions() const noexcept { return 0; }
+  /// `none()`: no parameter.
+  encoder_identity identity() const { return encoder_identity("none"); }
 };
 
 template <>

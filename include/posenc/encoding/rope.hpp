@@ -451,6 +451,12 @@ class rope {
     detail::require(a >= a_min && a <= 1.0 / a_min, where, "attention factor is ", a, ", expected ", a_min, " .. ",
                     1.0 / a_min, " (a^2 and 1 / a^2 must be normal ", std::is_same_v<T, float> ? "float" : "double",
                     " values)");
+    // Every parameter is fixed from here on (set_threads and reserve change no value).
+    identity_ = encoder_identity("rope");
+    identity_.add("type", detail::element_name<T>());
+    identity_.add("layout", layout_ == rope_layout::half_split ? "half_split" : "interleaved");
+    identity_.add("head_dim", head_dim_).add("rotary_dim", rotary_dim_).add("base", base_);
+    identity_.add("scaling", scaling_.identity()).add("attention_factor", fixed_.attention_factor);
   }
 
   /// From Hugging Face style parameters (see rope_options_from_hf for the keys and defaults).
@@ -468,6 +474,32 @@ class rope {
     detail::require(threads >= 0, "posenc::rope::set_threads", "threads is ", threads, ", expected >= 0");
     threads_ = threads;
   }
+  /// Element type, layout, head_dim, rotary_dim, base, the scaling with each
+  /// of its parameters, and the attention factor; computed at construction
+  /// (a copy per call costs no hashing). Threads and reserve() are not part
+  /// of it: they change no value.
+  encoder_identity const& identity() const noexcept { return identity_; }
+
+  /// The identity of rotations with the caller's cos/sin `cache` (which
+  /// replace base, scaling and attention factor): element type, layout,
+  /// head_dim, rotary_dim, the cache's form and extents and a digest of its
+  /// cos and sin values, read when called. Throws posenc::error when the
+  /// cache does not fit this rope.
+  encoder_identity identity(rope_cache<T> const& cache) const {
+    char const* const where = "posenc::rope::identity";
+    detail::require(cache.width == rotary_dim_ / 2, where, "cache.width is ", cache.width, ", expected ",
+                    rotary_dim_ / 2, " (rotary_dim / 2)");
+    detail::require(cache.rows >= 0, where, "cache.rows is ", cache.rows, ", expected >= 0");
+    encoder_identity id("rope");
+    id.add("type", detail::element_name<T>());
+    id.add("layout", layout_ == rope_layout::half_split ? "half_split" : "interleaved");
+    id.add("head_dim", head_dim_).add("rotary_dim", rotary_dim_);
+    id.add("cache", cache.is_per_token ? "per_token" : "by_position");
+    if (cache.is_per_token) id.add("cache.batch", cache.batch).add("cache.seq", cache.seq);
+    id.add_table("cos", cache.cos, cache.rows, cache.width, cache.width);
+    return id.add_table("sin", cache.sin, cache.rows, cache.width, cache.width);
+  }
+
   /// Largest accepted position + 1: 2^53 when every theta'_k <= 1, else
   /// floor(2^53 / max theta'_k), so that positions are exact in double and every
   /// angle stays below 2^53, where cos/sin keep their error bound
@@ -977,6 +1009,7 @@ class rope {
   aligned_buffer<T> table_;
   index_t table_rows_ = 0;
   rope_frequencies table_freqs_;
+  encoder_identity identity_;  // identity(): fixed at construction
 };
 
 template <class T>

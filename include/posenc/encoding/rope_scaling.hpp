@@ -18,6 +18,7 @@
 
 #include "posenc/core/error.hpp"
 #include "posenc/core/span.hpp"
+#include "posenc/encoding/identity.hpp"
 
 namespace posenc {
 
@@ -126,6 +127,47 @@ struct rope_scaling {
     factor = f;
     has_factor = true;
     return *this;
+  }
+
+  /// The type and each parameter that type reads (compute_rope_frequencies,
+  /// rope_attention_factor): fields another type ignores are not part of it.
+  encoder_identity identity() const {
+    encoder_identity id(to_string(type));
+    auto optional = [&](char const* name, std::optional<double> const& v) {
+      if (v)
+        id.add(name, *v);
+      else
+        id.add(name, "unset");
+    };
+    switch (type) {
+      case rope_scaling_type::none: break;
+      case rope_scaling_type::linear: id.add("factor", factor); break;
+      case rope_scaling_type::dynamic: id.add("factor", factor).add("max_position_embeddings", max_position_embeddings); break;
+      case rope_scaling_type::yarn:
+        id.add("factor", factor).add("original_max_position_embeddings", original_max_position_embeddings);
+        id.add("beta_fast", beta_fast).add("beta_slow", beta_slow).add("truncate", truncate);
+        optional("mscale", mscale);
+        optional("mscale_all_dim", mscale_all_dim);
+        optional("attention_factor", attention_factor);
+        break;
+      case rope_scaling_type::llama3:
+        id.add("factor", factor).add("low_freq_factor", low_freq_factor).add("high_freq_factor", high_freq_factor);
+        id.add("original_max_position_embeddings", original_max_position_embeddings);
+        break;
+      case rope_scaling_type::longrope:
+        id.add("original_max_position_embeddings", original_max_position_embeddings);
+        if (has_factor)
+          id.add("factor", factor);
+        else
+          id.add("max_position_embeddings", max_position_embeddings);
+        optional("attention_factor", attention_factor);
+        id.add_table("short_factor", short_factor.data(), 1, static_cast<std::int64_t>(short_factor.size()),
+                     static_cast<std::int64_t>(short_factor.size()));
+        id.add_table("long_factor", long_factor.data(), 1, static_cast<std::int64_t>(long_factor.size()),
+                     static_cast<std::int64_t>(long_factor.size()));
+        break;
+    }
+    return id;
   }
 };
 

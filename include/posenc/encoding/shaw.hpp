@@ -117,6 +117,17 @@ class shaw {
   /// Any position works.
   index_t max_positions() const noexcept { return 0; }
 
+  /// Element type, max_distance, head_dim, the terms and a digest of each
+  /// embedding table ((2 * max_distance + 1) x head_dim).
+  encoder_identity identity() const {
+    encoder_identity id("shaw");
+    id.add("type", detail::element_name<T>()).add("max_distance", k_).add("head_dim", head_dim_);
+    id.add("terms", has_values() ? "keys_and_values" : "keys");
+    id.add_table("key_table", ak_.data(), 2 * k_ + 1, head_dim_, head_dim_);
+    if (has_values()) id.add_table("value_table", av_.data(), 2 * k_ + 1, head_dim_, head_dim_);
+    return id;
+  }
+
   /// Table row of (q_pos, k_pos): clip(k_pos - q_pos, -K, K) + K.
   index_t row(index_t q_pos, index_t k_pos) const {
     detail::rel::check_position("posenc::shaw::row", "q_pos", q_pos);

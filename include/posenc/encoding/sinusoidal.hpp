@@ -118,6 +118,16 @@ class sinusoidal {
   /// Any non-negative position works.
   constexpr index_t max_positions() const noexcept { return 0; }
 
+  /// Element type, d_model, layout, frequency, base and padding_idx (the
+  /// cached rows hold the same values as computed ones: not part of it).
+  encoder_identity identity() const {
+    encoder_identity id("sinusoidal");
+    id.add("type", detail::element_name<T>()).add("d_model", p_.d_model);
+    id.add("layout", p_.layout == sinusoidal_layout::interleaved ? "interleaved" : "concatenated");
+    id.add("frequency", p_.frequency == sinusoidal_frequency::paper ? "paper" : "tensor2tensor");
+    return id.add("base", p_.base).add("padding_idx", p_.padding_idx);
+  }
+
   /// PE[pos, column], computed in double and rounded once.
   T value(index_t pos, index_t column) const {
     constexpr char const* where = "posenc::sinusoidal::value";

@@ -100,6 +100,15 @@ class t5_bias {
   /// Any position works.
   index_t max_positions() const noexcept { return 0; }
 
+  /// Element type, heads, bidirectional, num_buckets, max_distance and a
+  /// digest of the table (stored transposed: heads x num_buckets).
+  encoder_identity identity() const {
+    encoder_identity id("t5_bias");
+    id.add("type", detail::element_name<T>()).add("heads", p_.heads).add("bidirectional", p_.bidirectional);
+    id.add("num_buckets", p_.num_buckets).add("max_distance", p_.max_distance);
+    return id.add_table("table", table_t_.data(), p_.heads, p_.num_buckets, p_.num_buckets);
+  }
+
   /// Table entry (bucket, head) (widened for a 16-bit table).
   compute_type weight(index_t bucket_index, index_t head) const {
     detail::require(bucket_index >= 0 && bucket_index < p_.num_buckets, "posenc::t5_bias::weight", "bucket is ",

@@ -2,13 +2,16 @@
 // encoder_traits<E>: the one extension point, saying at compile time where an encoder acts.
 #pragma once
 
+#include <limits>
 #include <type_traits>
+#include <typeinfo>
 #include <utility>
 
 #include "posenc/core/error.hpp"
 #include "posenc/core/positions.hpp"
 #include "posenc/core/span.hpp"
 #include "posenc/core/view.hpp"
+#include "posenc/encoding/identity.hpp"
 
 namespace posenc {
 
@@ -41,6 +44,21 @@ namespace posenc {
 /// true when rotate() at that length is cheap (cos/sin precomputed, as after
 /// rope::reserve). Fused attention then rotates each query block and key tile
 /// inside the kernel; otherwise it rotates copies of q and k once per call.
+///
+/// Every encoder of the library also has `encoder_identity identity() const`
+/// (posenc/encoding/identity.hpp): its kind and every parameter that changes
+/// what it computes (extents, bases, scalings and each of their parameters,
+/// forms, flags, the element type where it changes the numbers), and every
+/// table it reads (learned rows, T5 and clipped buckets, Shaw embeddings,
+/// Transformer-XL u, v and W_R, ALiBi slopes) by a digest of its contents, so
+/// that equal identities give the same numbers and two encoders that differ in
+/// one parameter differ in identity. KV caches compare the identity of the
+/// encoder that rotated their keys, and ring ranks compare theirs before
+/// attending. Rotating encoders are asked for it on every append and decode
+/// step, so theirs is computed once and kept (rope: at construction; reserve()
+/// does not change it). compose<E...> also has `rotation_identity()`, that of
+/// its rotating parts only. An encoder without identity() is known by its type
+/// alone (identity_of): its parameters are not compared.
 ///
 /// A biasing encoder may also have `bool shift_invariant() const noexcept`:
 /// true when bias_row(h, q_pos + s, k_pos + s, n) equals bias_row(h, q_pos,
@@ -108,6 +126,27 @@ namespace posenc {
 /// operator+= calls it before adding anything.
 template <class E>
 struct encoder_traits;
+
+namespace detail {
+/// The element type as it appears in an encoder_identity: "float", "double",
+/// "half" (IEEE binary16) or "bfloat16", else the type's implementation name.
+template <class T>
+char const* element_name() noexcept {
+  if constexpr (std::is_same_v<T, float>) {
+    return "float";
+  } else if constexpr (std::is_same_v<T, double>) {
+    return "double";
+  } else if constexpr (sizeof(T) == 2 && std::numeric_limits<T>::is_specialized &&
+                       std::numeric_limits<T>::digits == 11) {
+    return "half";
+  } else if constexpr (sizeof(T) == 2 && std::numeric_limits<T>::is_specialized &&
+                       std::numeric_limits<T>::digits == 8) {
+    return "bfloat16";
+  } else {
+    return typeid(T).name();
+  }
+}
+}  // namespace detail
 
 /// The parameter gradients of an encoder without trainable parameters.
 struct no_gradients {

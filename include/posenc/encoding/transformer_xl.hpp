@@ -39,7 +39,9 @@ namespace posenc {
 /// Segment memory: the keys and values of attention are [memory ; current
 /// segment], so that with q.seq < k.seq query i sits at position mem + i (the
 /// default bottom-right positions). With memory_length() = M > 0, a memory
-/// longer than M keys is cut to its most recent M keys before attention.
+/// longer than M keys is cut to its most recent M keys before attention, and
+/// distance_limit() need only cover the kept keys (every call form checks the
+/// distances after the cut: direct, kv_cache, paged, packed and backward).
 /// @tparam T float or double.
 template <class T = float>
 class transformer_xl {
@@ -77,6 +79,12 @@ class transformer_xl {
     u_ = detail::rel::copy_table<T>(u);
     v_ = detail::rel::copy_table<T>(v);
     build_tables(u, v, w_r);
+    identity_ = encoder_identity("transformer_xl");
+    identity_.add("type", detail::element_name<T>()).add("heads", heads_).add("head_dim", head_dim_);
+    identity_.add("pos_dim", pos_dim_).add("distance_limit", limit_).add("memory_length", mem_);
+    identity_.add_table("u", u.data(), u.rows(), u.cols(), u.outerStride());
+    identity_.add_table("v", v.data(), v.rows(), v.cols(), v.outerStride());
+    identity_.add_table("w_r", w_r.data(), w_r.rows(), w_r.cols(), w_r.outerStride());
   }
 
   /// Query heads the encoder was built for.
@@ -85,7 +93,8 @@ class transformer_xl {
   index_t head_dim() const noexcept { return head_dim_; }
   /// Width of the sinusoidal encoding PE (W_R's column count).
   index_t pos_dim() const noexcept { return pos_dim_; }
-  /// Largest |p_i - p_j| of a visible query-key pair; posenc::attention checks it.
+  /// Largest |p_i - p_j| of a visible query-key pair; posenc::attention checks it
+  /// on the keys kept after the memory cut.
   index_t distance_limit() const noexcept { return limit_; }
   /// M: a memory longer than M keys is cut to its last M (0 = keep every key).
   index_t memory_length() const noexcept { return mem_; }
@@ -93,6 +102,9 @@ class transformer_xl {
   index_t max_positions() const noexcept { return 0; }
   /// No value term: the outputs are plain sum_j p_ij v_j.
   bool has_values() const noexcept { return false; }
+  /// Element type, heads, head_dim, pos_dim, distance_limit, memory_length
+  /// and digests of u, v and W_R: computed at construction (W_R is not kept).
+  encoder_identity const& identity() const noexcept { return identity_; }
 
   /// R_h(distance)[dim], |distance| <= distance_limit().
   T relative_key(index_t head, index_t distance, index_t dim) const {
@@ -318,6 +330,7 @@ class transformer_xl {
   std::vector<T> r_;  // (heads, 2 * limit + 1, head_dim): R_h(d) at row d + limit
   std::vector<T> rt_;  // (heads, head_dim, 2 * limit + 1): R_h transposed
   std::vector<T> c_;  // (heads, 2 * limit + 1): (v_h - u_h) . R_h(d)
+  encoder_identity identity_;  // identity(): the parameters as given to the constructor
 };
 
 template <class T>

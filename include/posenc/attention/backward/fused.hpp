@@ -18,6 +18,12 @@
 //      backward/products.hpp).
 //   3. sum_dq_partials: dq = the partials of the chunks, summed in chunk order.
 //
+// With a given lse (and io.check_lse), step 2 also sums each row's P over its chunk's keys and
+// writes dk, dv into a scratch copy; between steps 2 and 3 every row's sum is checked
+// (check_lse_row: 1 within the float rule, 0 for lse = -inf), and only then are dk, dv copied out
+// and dq written. The added work is O(rows x keys), on the probabilities step 2 computes anyway,
+// plus one copy of dk and dv; without a given lse nothing changes.
+//
 // No atomics: every output element has one writer; encoder gradients go into
 // zeroed per-task copies added in task order. The chunk count depends only on
 // the thread count, so a given thread count gives the same bits every run.
@@ -221,8 +227,18 @@ void row_statistics(attention_plan<T> const& p, backward_views<T> const& io, E c
       for (index_t r = 0; r < nr; ++r) {
         T const* row = sc.s.data() + r * block_keys_v;
         T mt = m[r];
-        for (index_t t = 0; t < nk; ++t) mt = row[t] > mt ? row[t] : mt;
-        if (mt == ninf) continue;
+        for (index_t t = 0; t < nk; ++t) mt = row[t] > mt ? row[t] : mt;  // skips NaN; NaN m[r] stays
+        if (mt == ninf) {
+          // No visible score in the row so far, or only NaN ones (a NaN in q or k): a NaN makes the
+          // row's m and l NaN, which later tiles keep, so its lse and gradients are NaN as its
+          // forward output is. Tested once per row and tile, only here: rows with a finite
+          // score find a NaN through their sum below.
+          bool has_nan = false;
+          for (index_t t = 0; t < nk; ++t) has_nan = has_nan || row[t] != row[t];
+          if (!has_nan) continue;
+          m[r] = l[r] = std::numeric_limits<T>::quiet_NaN();
+          continue;
+        }
         T sum = m[r] == ninf ? T(0) : l[r] * std::exp(m[r] - mt);
         for (index_t t = 0; t < nk; ++t) sum += row[t] == ninf ? T(0) : std::exp(row[t] - mt);
         m[r] = mt;
@@ -233,24 +249,33 @@ void row_statistics(attention_plan<T> const& p, backward_views<T> const& io, E c
   }
 }
 
-/// P = exp(S - lse) in place over nk keys (0 where S is -inf or the row has no visible key).
+/// P = exp(S - lse) in place over nk keys (0 where S is -inf or the row has no visible key);
+/// returns their sum (in vector lanes, then across them), for the check of a given lse.
 template <class Tr, class T>
-void tile_probabilities(T* row, index_t nk, T lse) noexcept {
+T tile_probabilities(T* row, index_t nk, T lse) noexcept {
   using B = typename Tr::batch;
   using A = typename Tr::arch;
   constexpr index_t w_v = Tr::width_v;
   T const ninf = -std::numeric_limits<T>::infinity();
   if (lse == ninf) {
     std::fill(row, row + nk, T(0));
-    return;
+    return T(0);
   }
   index_t t = 0;
   B const vl(lse), vninf(ninf), zero(T(0));
+  B acc(T(0));
   for (; t + w_v <= nk; t += w_v) {
     B const x = simd::load<T, A>(row + t);
-    simd::store(row + t, simd::select(x == vninf, zero, simd::exp(x - vl)));
+    B const pr = simd::select(x == vninf, zero, simd::exp(x - vl));
+    simd::store(row + t, pr);
+    acc += pr;
   }
-  for (; t < nk; ++t) row[t] = row[t] == ninf ? T(0) : std::exp(row[t] - lse);
+  T sum = simd::reduce_add(acc);
+  for (; t < nk; ++t) {
+    row[t] = row[t] == ninf ? T(0) : std::exp(row[t] - lse);
+    sum += row[t];
+  }
+  return sum;
 }
 
 /// dS of one row from P and dP (dP zeroed where P is 0, plus Shaw's value term), through the encoder's
@@ -321,13 +346,18 @@ void tile_products(index_t nr, index_t nk, index_t D, index_t Dv, tile_scratch<T
 
 /// Phase 2 for (b, hk, keys [c0, c1)): dk, dv of those keys; the chunk's dQ partial (zeroed first) of
 /// every query head of the group, at dq_part + (h - h0) * Sq * D.
+/// dk, dv go to dk_out, dv_out (io.dk, io.dv, or their scratch copy while a given lse is checked).
+/// row_sums, when non-null: the chunk's sum_j exp(s_ij - lse_i) of every row of the group, at
+/// row_sums + (h - h0) * Sq (zeroed first).
 template <class Tr, class T, class E>
 void key_chunk(attention_plan<T> const& p, backward_views<T> const& io, E const& enc, index_t b, index_t hk,
                index_t c0, index_t c1, T const* lse, T const* delta, tile_scratch<T>& sc, T* dq_part,
-               encoder_gradients_t<E>& g) noexcept {
+               view<T> const& dk_out, view<T> const& dv_out, T* row_sums, encoder_gradients_t<E>& g) noexcept {
+  T const ninf = -std::numeric_limits<T>::infinity();
   index_t const Sq = p.q_len, D = p.head_dim, Dv = p.value_dim;
   index_t const h0 = hk * p.group, h_end = std::min((hk + 1) * p.group, p.q_heads);
   std::fill(dq_part, dq_part + std::max<index_t>(0, h_end - h0) * Sq * D, T(0));
+  if (row_sums) std::fill(row_sums, row_sums + std::max<index_t>(0, h_end - h0) * Sq, T(0));
   for (index_t j0 = c0; j0 < c1; j0 += block_keys_v) {
     index_t const nk = std::min(block_keys_v, c1 - j0);
     std::fill(sc.dk.begin(), sc.dk.end(), T(0));
@@ -352,7 +382,16 @@ void key_chunk(attention_plan<T> const& p, backward_views<T> const& io, E const&
         block_products<Tr>(sc.ob.data(), Dv, nr, sc.vt.data() + (k0 - j0), nu, Dv, sc.dp.data());  // dP = dO V^T
         for (index_t r = 0; r < nr; ++r) {
           T* prob = sc.s.data() + r * block_keys_v;
-          tile_probabilities<Tr>(prob, nu, lse_h[i0 + r]);
+          T const lse_i = lse_h[i0 + r];
+          if (row_sums && lse_i == ninf) {
+            // The check of a given lse of -inf: the scores, before tile_probabilities zeroes them, must
+            // all be -inf (the row sees no key).
+            T add = 0;
+            for (index_t t = 0; t < nu; ++t) add += prob[t] == ninf ? T(0) : std::exp(prob[t] - lse_i);
+            row_sums[(h - h0) * Sq + i0 + r] += add;
+          }
+          T const row_sum = tile_probabilities<Tr>(prob, nu, lse_i);
+          if (row_sums && lse_i != ninf) row_sums[(h - h0) * Sq + i0 + r] += row_sum;  // sum_j exp(s_ij - lse_i)
           tile_row_gradient(p, io, enc, b, h, i0 + r, k0, nu, prob, sc.dp.data() + r * block_keys_v,
                             sc.th.data() + r * block_keys_v, delta_h[i0 + r], sc.dpt.data(),
                             dq_h + (i0 + r) * D, g);
@@ -364,8 +403,8 @@ void key_chunk(attention_plan<T> const& p, backward_views<T> const& io, E const&
       }
     }
     for (index_t t = 0; t < nk; ++t) {
-      T* dkj = io.dk.ptr(b, j0 + t, hk);
-      T* dvj = io.dv.ptr(b, j0 + t, hk);
+      T* dkj = dk_out.ptr(b, j0 + t, hk);
+      T* dvj = dv_out.ptr(b, j0 + t, hk);
       std::copy(sc.dk.begin() + t * D, sc.dk.begin() + (t + 1) * D, dkj);
       std::copy(sc.dv.begin() + t * Dv, sc.dv.begin() + (t + 1) * Dv, dvj);
     }
@@ -423,14 +462,43 @@ void fused_attention_backward(attention_plan<T> const& p, backward_views<T> cons
   auto part = aligned_buffer<T>::uninitialized(tasks * per_task);
   std::vector<G> local(static_cast<std::size_t>(tasks), grads);
   for (G& g : local) g.set_zero();
+  // A given lse is checked before any output is written: dk, dv go to scratch until then.
+  bool const check = p.lse != nullptr && io.check_lse;
+  index_t const dk_n = check ? B * Sk * p.kv_heads * D : 0, dv_n = check ? B * Sk * p.kv_heads * Dv : 0;
+  // Kept by the calling thread and reused: a fresh buffer of this size costs a page fault per 4 KiB
+  // on every call (about 15% of a 4096-token backward on this project's machine).
+  thread_local aligned_buffer<T> kv_scratch;
+  if (kv_scratch.size() < dk_n + dv_n) kv_scratch = aligned_buffer<T>::uninitialized(dk_n + dv_n);
+  auto sums = aligned_buffer<T>::uninitialized(check ? tasks * p.group * Sq : 0);  // (task, group head, row)
+  view<T> const dk_out = check ? make_bshd(kv_scratch.data(), B, Sk, p.kv_heads, D) : io.dk;
+  view<T> const dv_out = check ? make_bshd(kv_scratch.data() + dk_n, B, Sk, p.kv_heads, Dv) : io.dv;
   parallel_for(tasks, p.threads, [&](index_t task) {
     tile_scratch<T> sc(D, Dv);
     index_t const pair = task / chunks, c = task % chunks;
     index_t const b = pair / p.kv_heads, hk = pair % p.kv_heads;
     index_t const c0 = std::min(Sk, c * chunk_len), c1 = std::min(Sk, c0 + chunk_len);
-    key_chunk<Tr>(p, io, enc, b, hk, c0, c1, lse, delta, sc, part.data() + task * per_task,
-                  local[static_cast<std::size_t>(task)]);
+    key_chunk<Tr>(p, io, enc, b, hk, c0, c1, lse, delta, sc, part.data() + task * per_task, dk_out, dv_out,
+                  check ? sums.data() + task * p.group * Sq : nullptr, local[static_cast<std::size_t>(task)]);
   });
+  if (check) {
+    for (index_t b = 0; b < B; ++b)
+      for (index_t h = 0; h < p.q_heads; ++h) {
+        index_t const hk = p.kv_head(h), h0 = hk * p.group;
+        for (index_t i = 0; i < Sq; ++i) {
+          double sum = 0;  // the chunks' sums in chunk order
+          for (index_t c = 0; c < chunks; ++c)
+            sum += static_cast<double>(sums[((b * p.kv_heads + hk) * chunks + c) * p.group * Sq + (h - h0) * Sq + i]);
+          check_lse_row("posenc::attention_backward", b, h, i, Sk, p.lse[(b * p.q_heads + h) * Sq + i], sum);
+        }
+      }
+    parallel_for(pairs, p.threads, [&](index_t pair) {
+      index_t const b = pair / p.kv_heads, hk = pair % p.kv_heads;
+      for (index_t j = 0; j < Sk; ++j) {
+        std::copy(dk_out.ptr(b, j, hk), dk_out.ptr(b, j, hk) + D, io.dk.ptr(b, j, hk));
+        std::copy(dv_out.ptr(b, j, hk), dv_out.ptr(b, j, hk) + Dv, io.dv.ptr(b, j, hk));
+      }
+    });
+  }
   parallel_for(B * p.q_heads, p.threads, [&](index_t task) {
     sum_dq_partials(p, io, task / p.q_heads, task % p.q_heads, chunks, part.data());
   });

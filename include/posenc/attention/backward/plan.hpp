@@ -36,6 +36,7 @@
 //   dQ_i += scale sum_j d(raw)_ij (K_j + aK(j - i));  dK_j += scale d(raw)_ij Q_i.
 // Masked and invisible pairs have P = 0 and pass no gradient; rows with no visible key give zeros.
 
+#include <cmath>
 #include <limits>
 #include <type_traits>
 
@@ -55,7 +56,51 @@ struct backward_views {
   view<const T> out;      // forward output (batch, Sq, Hq, Dv)
   view<const T> dout;     // its gradient, same shape
   view<T> dq, dk, dv;     // written: shapes of q, k, v
+  // A given plan.lse is the forward pass's over exactly these keys: the path checks it
+  // (check_lse_row) before writing. False only where the caller passes the lse of a longer
+  // key sequence on purpose (ring attention's blocks: partial sums).
+  bool check_lse = true;
 };
+
+/// The bound on |sum_j exp(s_ij - lse_i) - 1| for a row of `n` keys whose lse is `lse`:
+/// 2^12 eps_T (sqrt(n) + |lse|). The sum is exp(lse' - lse), lse' the exact log-sum-exp of the
+/// recomputed scores, so it differs from 1 by the rounding of two computations of the scores and
+/// of their row sum: each score is off by about eps |s| sqrt(head_dim) (and |s| is near |lse| for
+/// the keys that carry the weight), each row sum by about eps sqrt(n). The factor 2^12 covers
+/// sqrt(head_dim) up to 2^4 (head_dim 256) with a margin of 2^8 for worst-case rather than typical
+/// accumulation. For float it is 4.9e-4 (sqrt(n) + |lse|), e.g. 5.9e-3 for 64 keys and lse 4,
+/// while options that differ (causal, scale, mask, encoder, positions) change a row's keys or
+/// scores by O(1), and its sum by O(1). A forward pass with bfloat16 products rounds its scores
+/// by up to 2^-8 relative, beyond this bound: pass no lse to the backward pass of such a forward.
+template <class T>
+double lse_check_tolerance(index_t n, double lse) noexcept {
+  return 4096.0 * static_cast<double>(std::numeric_limits<T>::epsilon()) *
+         (std::sqrt(static_cast<double>(n)) + std::fabs(lse));
+}
+
+/// Checks one row of a given lse against the scores the backward pass recomputed:
+/// `sum` = sum_j exp(s_ij - lse_i) over the row's visible keys (each masked or invisible key adds
+/// 0) must be 1 within lse_check_tolerance, or 0 when lse_i is -inf (the row sees no key). A NaN
+/// sum (a NaN in q, k or the lse of the row) passes: the NaN flows into the gradients as it flowed
+/// through the forward pass. Throws posenc::error naming the row; the paths call it before they
+/// write any output.
+template <class T>
+void check_lse_row(char const* w, index_t b, index_t h, index_t i, index_t n, T lse, double sum) {
+  if (sum != sum) return;
+  char const* const causes =
+      "; the lse was computed with other options: causal, scale, mask, encoder or positions differ from the "
+      "forward's";
+  if (lse == -std::numeric_limits<T>::infinity()) {
+    require(sum == 0.0, w, "lse does not match the scores of batch entry ", b, ", head ", h, ", row ", i,
+            ": lse is -inf (no visible key) but the row sees keys, sum_j exp(s_ij - lse) is ", static_cast<T>(sum),
+            causes);
+    return;
+  }
+  double const tol = lse_check_tolerance<T>(n, static_cast<double>(lse));
+  require(std::fabs(sum - 1.0) <= tol, w, "lse does not match the scores of batch entry ", b, ", head ", h,
+          ", row ", i, ": sum_j exp(s_ij - lse) is ", static_cast<T>(sum), ", expected 1 within ", static_cast<T>(tol),
+          causes);
+}
 
 /// Requires view `g` (named `name`) to have the extents of `x` (named `x_name`).
 template <class G, class X>
@@ -74,7 +119,7 @@ void check_same_shape(char const* where, char const* name, view<G> const& g, cha
 /// pass (make_plan checks those): shapes of dout, dq, dk, dv; no output shares
 /// a byte with an input or another output; no scores output; out is not q
 /// (the forward pass ran in place, q is gone); the encoder's gradients fit it;
-/// the given lse holds finite values or -inf; `needs_lse`: it is given.
+/// the given lse holds finite values, -inf or NaN (not +inf); `needs_lse`: it is given.
 /// `masks16`: the 16-bit additive masks, read like opt.mask (never written).
 template <class T, class E>
 void validate_backward(char const* w, view<const T> q, view<const T> k, view<const T> v, view<const T> out,
@@ -97,8 +142,9 @@ void validate_backward(char const* w, view<const T> q, view<const T> k, view<con
   if (opt.lse) {
     for (index_t r = 0; r < rows; ++r) {
       T const x = opt.lse[r];
-      require(!(x != x) && x != std::numeric_limits<T>::infinity(), w, "lse[", r, "] is ", x,
-              ", expected a finite value or -inf (the forward pass's log-sum-exp)");
+      // NaN is the forward pass's lse of a row holding a NaN: it flows into that row's gradients.
+      require(x != std::numeric_limits<T>::infinity(), w, "lse[", r, "] is ", x,
+              ", expected a finite value, -inf or NaN (the forward pass's log-sum-exp)");
     }
   }
   // Aliasing: the kernels read q, k, v, out, dout, the masks and lse while they write dq, dk, dv.

@@ -24,6 +24,13 @@ namespace posenc::detail {
 /// head and the dq rows of the query heads of its group, and a zeroed copy
 /// of the encoder gradients, added into `grads` in task order afterwards. So
 /// the result is the same, bit for bit, for every thread count.
+///
+/// A score that is NaN (a NaN in q or k) makes the row's maximum NaN, so the
+/// NaN flows into the row's gradients as into the forward pass's output; only
+/// rows with no visible key give zeros. With a given lse (and io.check_lse),
+/// each row's sum_j exp(s_ij - lse_i) is checked (check_lse_row) once every
+/// task has run and before dq, dk, dv or `grads` is written: the tasks keep
+/// their gradients in their own buffers until then.
 /// Where a row's Delta = dO . O of dS = P (dP - Delta) comes from.
 enum class row_delta {
   keys,    ///< sum_j P_ij dP_ij over the row's keys (the oracle: exact for any set of keys)
@@ -42,22 +49,32 @@ void reference_attention_backward(attention_plan<T> const& p, backward_views<T> 
   index_t const tasks = p.batch * p.kv_heads;
   std::vector<G> local(static_cast<std::size_t>(tasks), grads);
   for (G& g : local) g.set_zero();
+  bool const check = p.lse != nullptr && io.check_lse;
+  // Per task until the check: its dk, dv rows (Sk x D, Sk x Dv) and dq rows (group x Sq x D).
+  std::vector<std::vector<Acc>> dk_task(static_cast<std::size_t>(tasks)), dv_task(static_cast<std::size_t>(tasks));
+  std::vector<std::vector<T>> dq_task(static_cast<std::size_t>(tasks));
+  std::vector<double> row_sums(check ? static_cast<std::size_t>(p.batch * p.q_heads * Sq) : 0);
 
   parallel_for(tasks, p.threads, [&](index_t task) {
     index_t const b = task / p.kv_heads, hk = task % p.kv_heads;
     G& g = local[static_cast<std::size_t>(task)];
     auto const sk = static_cast<std::size_t>(Sk);
     std::vector<Acc> s(sk), th(sk), prob(sk), dp(sk);
-    std::vector<Acc> dk_acc(sk * static_cast<std::size_t>(D), Acc(0)), dv_acc(sk * static_cast<std::size_t>(Dv), Acc(0));
+    std::vector<Acc>& dk_acc = dk_task[static_cast<std::size_t>(task)];
+    std::vector<Acc>& dv_acc = dv_task[static_cast<std::size_t>(task)];
+    std::vector<T>& dq_rows = dq_task[static_cast<std::size_t>(task)];
+    dk_acc.assign(sk * static_cast<std::size_t>(D), Acc(0));
+    dv_acc.assign(sk * static_cast<std::size_t>(Dv), Acc(0));
     std::vector<Acc> dq_acc(static_cast<std::size_t>(D));
     std::vector<T> tmp(sk), prob_t(sk), dp_t(sk), ds_t(sk), dout_t(static_cast<std::size_t>(Dv)),
         dq_t(static_cast<std::size_t>(D));
-    index_t const h_end = std::min((hk + 1) * p.group, p.q_heads);  // no query head at all: dk = dv = 0
-    for (index_t h = hk * p.group; h < h_end; ++h) {
+    index_t const h0 = hk * p.group, h_end = std::min((hk + 1) * p.group, p.q_heads);  // none: dk = dv = 0
+    dq_rows.assign(static_cast<std::size_t>(std::max<index_t>(0, h_end - h0) * Sq * D), T(0));
+    for (index_t h = h0; h < h_end; ++h) {
       for (index_t i = 0; i < Sq; ++i) {
         T const* qi = io.q.ptr(b, i, h);
         T const* doi = io.dout.ptr(b, i, h);
-        T* dqi = io.dq.ptr(b, i, h);
+        T* dqi = dq_rows.data() + ((h - h0) * Sq + i) * D;
         // Scores as the forward pass forms them (raw, softcapped, biased and masked).
         for (index_t j = 0; j < Sk; ++j) {
           T const* kj = io.k.ptr(b, j, hk);
@@ -81,9 +98,21 @@ void reference_attention_backward(attention_plan<T> const& p, backward_views<T> 
         }
         apply_masks(p, b, h, i, 0, Sk, s.data());
 
-        // Probabilities: from the given log-sum-exp, or max and sum of the row.
+        // Probabilities: from the given log-sum-exp, or max and sum of the row. A NaN score makes
+        // m NaN (not skipped as by a plain max): the row then has a NaN lse and NaN gradients.
         Acc m = ninf;
-        for (std::size_t j = 0; j < sk; ++j) m = s[j] > m ? s[j] : m;
+        bool nan_score = false;
+        for (std::size_t j = 0; j < sk; ++j) {
+          m = s[j] > m ? s[j] : m;
+          nan_score = nan_score || s[j] != s[j];
+        }
+        if (nan_score) m = std::numeric_limits<Acc>::quiet_NaN();
+        if (check) {  // sum_j exp(s_ij - lse_i) over the visible keys, for check_lse_row
+          Acc const given = static_cast<Acc>(p.lse[(b * p.q_heads + h) * Sq + i]);
+          Acc sum = 0;
+          for (std::size_t j = 0; j < sk; ++j) sum += s[j] == ninf ? Acc(0) : std::exp(s[j] - given);
+          row_sums[static_cast<std::size_t>((b * p.q_heads + h) * Sq + i)] = static_cast<double>(sum);
+        }
         Acc lse = ninf;
         if (m != ninf) {
           if (p.lse) {
@@ -94,10 +123,7 @@ void reference_attention_backward(attention_plan<T> const& p, backward_views<T> 
             lse = m + std::log(sum);
           }
         }
-        if (lse == ninf) {  // no visible key: no gradient (docs/formulas.md 5.4)
-          for (index_t d = 0; d < D; ++d) dqi[d] = T(0);
-          continue;
-        }
+        if (lse == ninf) continue;  // no visible key: no gradient, dq stays 0 (docs/formulas.md 5.4)
         for (std::size_t j = 0; j < sk; ++j) prob[j] = s[j] == ninf ? Acc(0) : std::exp(s[j] - lse);
 
         // dP = dO . V (+ dO . aV), and the row's dO . O as sum_j P dP.
@@ -160,12 +186,32 @@ void reference_attention_backward(attention_plan<T> const& p, backward_views<T> 
         for (index_t d = 0; d < D; ++d) dqi[d] = static_cast<T>(dq_acc[static_cast<std::size_t>(d)]);
       }
     }
+  });
+  if (check) {
+    for (index_t b = 0; b < p.batch; ++b)
+      for (index_t h = 0; h < p.q_heads; ++h)
+        for (index_t i = 0; i < Sq; ++i) {
+          index_t const r = (b * p.q_heads + h) * Sq + i;
+          check_lse_row("posenc::attention_backward", b, h, i, Sk, p.lse[r], row_sums[static_cast<std::size_t>(r)]);
+        }
+  }
+  parallel_for(tasks, p.threads, [&](index_t task) {
+    index_t const b = task / p.kv_heads, hk = task % p.kv_heads;
+    index_t const h0 = hk * p.group, h_end = std::min((hk + 1) * p.group, p.q_heads);
+    std::vector<Acc> const& dk_acc = dk_task[static_cast<std::size_t>(task)];
+    std::vector<Acc> const& dv_acc = dv_task[static_cast<std::size_t>(task)];
+    std::vector<T> const& dq_rows = dq_task[static_cast<std::size_t>(task)];
     for (index_t j = 0; j < Sk; ++j) {
       T* dkj = io.dk.ptr(b, j, hk);
       T* dvj = io.dv.ptr(b, j, hk);
       for (index_t d = 0; d < D; ++d) dkj[d] = static_cast<T>(dk_acc[static_cast<std::size_t>(j * D + d)]);
       for (index_t d = 0; d < Dv; ++d) dvj[d] = static_cast<T>(dv_acc[static_cast<std::size_t>(j * Dv + d)]);
     }
+    for (index_t h = h0; h < h_end; ++h)
+      for (index_t i = 0; i < Sq; ++i) {
+        T const* src = dq_rows.data() + ((h - h0) * Sq + i) * D;
+        std::copy(src, src + D, io.dq.ptr(b, i, h));
+      }
   });
   for (G const& g : local) grads += g;
 }
