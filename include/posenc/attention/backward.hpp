@@ -47,28 +47,26 @@ void run_attention_backward_here(view<const T> q, view<const T> k, view<const T>
 /// rotates dq and dk back (the transposed rotation). `masks16`: additive
 /// masks stored in 16 bits, beside opt's float mask (as in the forward pass).
 /// `check_lse`: a given opt.lse is checked against the recomputed scores
-/// (backward_views::check_lse); false only for an lse over more keys than k
-/// holds (ring attention's blocks).
-template <class Path, class T, class E>
+/// (backward_views::check_lse); std::false_type only for an lse over more
+/// keys than k holds (ring attention's blocks). A type, not a value, so that
+/// a consumer of posenc::compiled compiles no backward of its own for the
+/// checked calls (the library's entries always check).
+template <class Path, class T, class E, bool CheckLse = true>
 void run_attention_backward(view<const T> q, view<const T> k, view<const T> v, view<const T> out,
                             view<const T> dout, view<T> dq, view<T> dk, view<T> dv, E const& enc,
                             attention_options<T> const& opt, encoder_gradients_t<E>& grads,
-                            half_masks const& masks16 = {}, bool check_lse = true) {
+                            half_masks const& masks16 = {}, std::bool_constant<CheckLse> = {}) {
 #if POSENC_COMPILED
   // posenc::compiled holds the whole fused backward call of its list (compiled/list.hpp):
   // validation, rotations and kernel.
-  if constexpr (std::is_same_v<typename backward_path<Path, E>::type, path::fused> &&
+  if constexpr (CheckLse && std::is_same_v<typename backward_path<Path, E>::type, path::fused> &&
                 compiled_kernels::has_backward<T, E>) {
-    if (!check_lse) {  // the entry always checks a given lse: run here (the compiled kernel reads io.check_lse)
-      run_attention_backward_here<Path>(q, k, v, out, dout, dq, dk, dv, enc, opt, grads, masks16, false);
-      return;
-    }
     compiled_kernels::check_once();
     compiled_kernels::entry::attention_backward_call(q, k, v, out, dout, dq, dk, dv, enc, opt, grads, masks16);
   } else
 #endif
   {
-    run_attention_backward_here<Path>(q, k, v, out, dout, dq, dk, dv, enc, opt, grads, masks16, check_lse);
+    run_attention_backward_here<Path>(q, k, v, out, dout, dq, dk, dv, enc, opt, grads, masks16, CheckLse);
   }
 }
 
@@ -109,7 +107,10 @@ void run_attention_backward_here(view<const T> q, view<const T> k, view<const T>
       memory_cut<T>::cut_mask(m.half, cut);
       memory_cut<T>::cut_mask(m.bfloat16, cut);
       // The cut call may throw (its lse check) before it writes: the cut keys' zeros come after it.
-      run_attention_backward<Path>(q, c.k, c.v, out, dout, dq, dkc, dvc, enc, c.opt, grads, m, check_lse);
+      if (check_lse)
+        run_attention_backward<Path>(q, c.k, c.v, out, dout, dq, dkc, dvc, enc, c.opt, grads, m);
+      else
+        run_attention_backward<Path>(q, c.k, c.v, out, dout, dq, dkc, dvc, enc, c.opt, grads, m, std::false_type{});
       for (index_t b = 0; b < dk.batch; ++b)
         for (index_t j = 0; j < cut; ++j)
           for (index_t h = 0; h < dk.heads; ++h) {
@@ -157,12 +158,12 @@ void run_attention_backward_here(view<const T> q, view<const T> k, view<const T>
 namespace detail {
 
 /// attention_backward after its compile-time checks (a sentence for each problem).
-/// `check_lse`: as in run_attention_backward (false only for ring attention's blocks).
-template <class Path, class T, class E>
+/// `check_lse`: as in run_attention_backward (std::false_type only for ring attention's blocks).
+template <class Path, class T, class E, bool CheckLse = true>
 void checked_attention_backward(view<const T> q, view<const T> k, view<const T> v, view<const T> out,
                                 view<const T> dout, view<T> dq, view<T> dk, view<T> dv, E const& enc,
                                 attention_options<T> const& opt, half_masks const& masks16,
-                                encoder_gradients_t<E>& grads, bool check_lse = true) {
+                                encoder_gradients_t<E>& grads, std::bool_constant<CheckLse> check_lse = {}) {
   if constexpr (!has_encoder_traits_v<E>) {
     static_assert(dependent_false_v<E>,
                   "posenc::attention_backward: E is not an encoder; specialize posenc::encoder_traits<E> "

@@ -63,10 +63,11 @@ void backward_block(MPI_Comm comm, ring_backward_buffers<T>& bb, T* partial, ind
     // sum to less than 1, so the backward pass's check of a given lse is off (the last argument).
     if constexpr (encoder_traits<E>::rotates_queries_keys)
       posenc::detail::checked_attention_backward<path::fused, T>(q, k, v, out, dout, dq, dk, dv,
-                                                                 rotation_applied<E>(enc), o, {}, grads, false);
+                                                                 rotation_applied<E>(enc), o, {}, grads,
+                                                                 std::false_type{});
     else
       posenc::detail::checked_attention_backward<path::fused, T>(q, k, v, out, dout, dq, dk, dv, enc, o, {}, grads,
-                                                                 false);
+                                                                 std::false_type{});
   } catch (error const& e) {
     // Unreachable after the agreement phases; the other ranks would wait forever.
     std::fprintf(stderr, "%s\n", e.what());
