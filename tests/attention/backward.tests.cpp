@@ -279,26 +279,25 @@ TEST_CASE("backward: a NaN in q, k or v flows into the gradients it reaches, as 
                    }
                  });
   }
+  // Rows 4 and 5 see key 4 (causal): their dq is not finite; rows 0 .. 3 keep the clean run's.
+  auto const dq_rows_4_and_5_not_finite = [&](attention_problem<float>& p, attention_problem<float>& clean) {
+    for (index_t h = 0; h < 2; ++h)
+      for (index_t i = 0; i < 6; ++i) {
+        INFO("dq row " << i << " head " << h);
+        CHECK(every(p.vdq().ptr(0, i, h), 4, i < 4));
+        if (i < 4) CHECK(same(p.vdq().ptr(0, i, h), clean.vdq().ptr(0, i, h)));
+      }
+  };
   SECTION("k row 4: dq of rows 4 and 5; rows 0 .. 3 keep their gradients") {
     each_setting([&](attention_problem<float>& p) { p.vk()(0, 4, 0, 0) = nan; },
                  [&](attention_problem<float>& p, attention_problem<float>& clean, bool) {
-                   for (index_t h = 0; h < 2; ++h)
-                     for (index_t i = 0; i < 6; ++i) {
-                       INFO("dq row " << i << " head " << h);
-                       CHECK(every(p.vdq().ptr(0, i, h), 4, i < 4));
-                       if (i < 4) CHECK(same(p.vdq().ptr(0, i, h), clean.vdq().ptr(0, i, h)));
-                     }
+                   dq_rows_4_and_5_not_finite(p, clean);
                  });
   }
   SECTION("v row 4: dq of rows 4 and 5 and every dk; dv (sum of P dO) stays finite") {
     each_setting([&](attention_problem<float>& p) { p.vv()(0, 4, 0, 2) = nan; },
                  [&](attention_problem<float>& p, attention_problem<float>& clean, bool) {
-                   for (index_t h = 0; h < 2; ++h)
-                     for (index_t i = 0; i < 6; ++i) {
-                       INFO("dq row " << i << " head " << h);
-                       CHECK(every(p.vdq().ptr(0, i, h), 4, i < 4));
-                       if (i < 4) CHECK(same(p.vdq().ptr(0, i, h), clean.vdq().ptr(0, i, h)));
-                     }
+                   dq_rows_4_and_5_not_finite(p, clean);
                    for (index_t j = 0; j < 6; ++j) {
                      INFO("key " << j);
                      CHECK(every(p.vdk().ptr(0, j, 0), 4, false));
