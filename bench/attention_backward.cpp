@@ -51,7 +51,7 @@ void backward_bench(benchmark::State& state, config c) {
   posenc::attention_options<float> opt;
   opt.causal = c.causal;
   opt.threads = c.threads;
-  opt.lse = lse.data();
+  opt.lse = lse;
   posenc::attention<posenc::path::fused>(at(q.data()), at(k.data()), at(v.data()), mut(out), posenc::none{}, opt);
   posenc::no_gradients g;
   auto call = [&] {

@@ -122,7 +122,7 @@ int main(int argc, char** argv) {
   std::vector<float> flse, lse, dout = data(n * H * D, 31), dq(q.size()), dk(k.size()), dv(v.size()), fdo, fdq, fdk, fdv;
   if (backward) {
     lse.resize(static_cast<std::size_t>(H * n));
-    opt.lse = lse.data();
+    opt.lse = lse;
     dist::ring_attention(MPI_COMM_WORLD, posenc::make_bshd(q.data(), 1, n, H, D), posenc::make_bshd(k.data(), 1, n, H, D),
                          posenc::make_bshd(v.data(), 1, n, H, D), posenc::make_bshd(out.data(), 1, n, H, D), rope, opt);
     if (single && rank == 0) {
@@ -130,7 +130,7 @@ int main(int argc, char** argv) {
       fdo = data(S * H * D, 32);
       fdq.resize(fq.size()), fdk.resize(fq.size()), fdv.resize(fq.size());
       posenc::attention_options<float> fo_opt = opt;
-      fo_opt.lse = flse.data();
+      fo_opt.lse = flse;
       posenc::attention(posenc::make_bshd(fq.data(), 1, S, H, D), posenc::make_bshd(fk.data(), 1, S, H, D),
                         posenc::make_bshd(fv.data(), 1, S, H, D), posenc::make_bshd(fo.data(), 1, S, H, D), rope, fo_opt);
     }
@@ -144,7 +144,7 @@ int main(int argc, char** argv) {
       posenc::attention(whole(fq), whole(fk), whole(fv), whole(fo), rope, so);
       return;
     }
-    so.lse = flse.data();
+    so.lse = flse;
     posenc::no_gradients g;
     posenc::attention_backward<posenc::path::fused>(whole(fq), whole(fk), whole(fv), whole(fo), whole(fdo), whole(fdq),
                                                     whole(fdk), whole(fdv), rope, so, g);

@@ -15,6 +15,8 @@ if(CMAKE_SYSTEM_PROCESSOR MATCHES "x86_64|AMD64" AND CMAKE_CXX_COMPILER_ID MATCH
 endif()
 option(POSENC_COMPILED_DISPATCH "posenc::compiled holds its kernels for sse2, avx2 and avx512 and picks one at run time"
        ${_posenc_dispatch_default})
+set(POSENC_COMPILED_LEVELS "sse2;avx2;avx512;avx512_bf16" CACHE STRING
+    "With dispatch: the levels posenc::compiled holds, separated by ; or , (sse2 always; avx512_bf16 needs avx512). A CPU above the highest runs the highest.")
 set(POSENC_COMPILED_FLAGS "" CACHE STRING
     "Compile options of posenc::compiled (with dispatch: after each level's -march; without: its instruction set, e.g. -march=x86-64-v3, which consumers must match)")
 
@@ -45,11 +47,36 @@ set_source_files_properties(${_pc_entries} PROPERTIES COMPILE_DEFINITIONS POSENC
 
 separate_arguments(_pc_flags NATIVE_COMMAND "${POSENC_COMPILED_FLAGS}")
 if(POSENC_COMPILED_DISPATCH)
+  string(REPLACE "," ";" _pc_levels "${POSENC_COMPILED_LEVELS}")
+  foreach(_level IN LISTS _pc_levels)
+    if(NOT _level MATCHES "^(sse2|avx2|avx512|avx512_bf16)$")
+      message(FATAL_ERROR "POSENC_COMPILED_LEVELS holds ${_level}, expected sse2, avx2, avx512 or avx512_bf16")
+    endif()
+  endforeach()
+  if(NOT "sse2" IN_LIST _pc_levels)
+    message(FATAL_ERROR "POSENC_COMPILED_LEVELS is ${POSENC_COMPILED_LEVELS}, expected sse2 among its levels "
+                        "(the level every x86-64 CPU runs)")
+  endif()
+  if("avx512_bf16" IN_LIST _pc_levels AND NOT "avx512" IN_LIST _pc_levels)
+    message(FATAL_ERROR "POSENC_COMPILED_LEVELS is ${POSENC_COMPILED_LEVELS}, expected avx512 beside avx512_bf16 "
+                        "(which runs only the bfloat16 product mode and hands every other call to avx512)")
+  endif()
   add_library(posenc_compiled STATIC ${_pc_dir}/check.cpp ${_pc_dir}/dispatch.cpp)
   target_compile_options(posenc_compiled PRIVATE ${_pc_flags})
   _posenc_compiled_sources(posenc_compiled)
   target_compile_definitions(posenc_compiled PRIVATE POSENC_COMPILED_DISPATCH=1)
+  foreach(_level avx2 avx512 avx512_bf16)
+    string(TOUPPER ${_level} _up)
+    if(_level IN_LIST _pc_levels)
+      target_compile_definitions(posenc_compiled PRIVATE POSENC_COMPILED_HAS_${_up}=1)
+    else()
+      target_compile_definitions(posenc_compiled PRIVATE POSENC_COMPILED_HAS_${_up}=0)
+    endif()
+  endforeach()
   foreach(_level sse2 avx2 avx512 avx512_bf16)
+    if(NOT _level IN_LIST _pc_levels)
+      continue()
+    endif()
     if(_level STREQUAL "sse2")
       set(_flags -march=x86-64)
     elseif(_level STREQUAL "avx2")

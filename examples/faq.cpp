@@ -195,7 +195,7 @@ void masked_rows() {
   opt.causal = true;
   opt.q_positions = posenc::position_span(-1);
   std::vector<float> lse(1 * heads * seq);  // (batch, head, query)
-  opt.lse = lse.data();
+  opt.lse = lse;
   posenc::attention(qv, kv, vv, ov, posenc::none{}, opt);
   // out(0, 0, h, :) == 0 and lse[h * seq + 0] == -inf for every head h
   // [faq-masked]

@@ -85,7 +85,7 @@ attention_result run(E const& enc, toy_model const& m, std::vector<float> x, ind
   posenc::attention_options<float> opt;  // bidirectional: no causal mask
   opt.q_positions = positions;
   opt.k_positions = positions;
-  opt.scores = r.probs.data();
+  opt.scores = r.probs;
   opt.scores_stage = posenc::score_stage::probabilities;
   auto qv = posenc::make_bshd(q.data(), 1, seq, heads, head_dim);
   auto kv = posenc::make_bshd(k.data(), 1, seq, heads, head_dim);
@@ -380,7 +380,7 @@ int main(int argc, char** argv) {
     std::vector<float> q = project(m.x, m.wq), k = project(m.x, m.wk), v = project(m.x, m.wv);
     std::vector<float> raw(heads * seq * seq), out(seq * d_model);
     posenc::attention_options<float> opt;
-    opt.scores = raw.data();
+    opt.scores = raw;
     opt.scores_stage = posenc::score_stage::raw;
     posenc::attention<posenc::path::materialized>(
         posenc::make_bshd<const float>(q.data(), 1, seq, heads, head_dim),

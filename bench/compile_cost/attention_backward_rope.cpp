@@ -13,7 +13,7 @@ int main() {
   posenc::rope<float> rope(posenc::rope_layout::half_split, D);
   posenc::attention_options<float> opt;
   opt.causal = true;
-  opt.lse = lse.data();
+  opt.lse = lse;
   posenc::attention(view(q), view(k), view(v), view(out), rope, opt);
   auto g = posenc::make_gradients(rope);
   posenc::attention_backward(view(q), view(k), view(v), view(out), view(dout), view(dq), view(dk), view(dv), rope,

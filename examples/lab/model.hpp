@@ -286,7 +286,7 @@ matrix<T> model<T>::layer_forward(int l, matrix<T> x, int B, int S, eval_mode co
   auto opt = attention_opts();
   if (l == st.probe_layer) {
     st.probe.assign(static_cast<std::size_t>(B) * cfg_.heads * S * S, T(0));
-    opt.scores = st.probe.data();
+    opt.scores = st.probe;
   }
   with_attention(l, S, m, [&](auto const& enc) {
     if (opt.scores)

@@ -3,7 +3,8 @@
 // avx512, and the forward kernels again as avx512_bf16 for the bfloat16 product mode), each
 // in a namespace of its own with every other symbol of its build renamed
 // (cmake/posenc_isolate.sh), and this file calls the level chosen once at run time.
-// Built without -march: it runs on any x86-64 CPU.
+// Built without -march: it runs on any x86-64 CPU. POSENC_COMPILED_HAS_<LEVEL> (from CMake's
+// POSENC_COMPILED_LEVELS, default every level) says which levels the library holds; sse2 always.
 #include <atomic>
 #include <cstdlib>
 #include <string>
@@ -13,31 +14,78 @@
 #include "posenc/core/error.hpp"
 #include "declare.hpp"
 
+#ifndef POSENC_COMPILED_HAS_AVX2
+#define POSENC_COMPILED_HAS_AVX2 1
+#endif
+#ifndef POSENC_COMPILED_HAS_AVX512
+#define POSENC_COMPILED_HAS_AVX512 1
+#endif
+#ifndef POSENC_COMPILED_HAS_AVX512_BF16
+#define POSENC_COMPILED_HAS_AVX512_BF16 1
+#endif
+#if POSENC_COMPILED_HAS_AVX512_BF16 && !POSENC_COMPILED_HAS_AVX512
+#error "posenc::compiled: the avx512_bf16 level hands its other calls to the avx512 level, which is missing"
+#endif
+// A switch case of a level the library holds (none for a level it does not).
+#if POSENC_COMPILED_HAS_AVX2
+#define POSENC_IF_AVX2(...) __VA_ARGS__
+#else
+#define POSENC_IF_AVX2(...)
+#endif
+#if POSENC_COMPILED_HAS_AVX512
+#define POSENC_IF_AVX512(...) __VA_ARGS__
+#else
+#define POSENC_IF_AVX512(...)
+#endif
+#if POSENC_COMPILED_HAS_AVX512_BF16
+#define POSENC_IF_AVX512_BF16(...) __VA_ARGS__
+#else
+#define POSENC_IF_AVX512_BF16(...)
+#endif
+
 namespace posenc::detail::compiled_kernels {
 
 POSENC_COMPILED_DECLARE_LEVEL(sse2)
-POSENC_COMPILED_DECLARE_LEVEL(avx2)
-POSENC_COMPILED_DECLARE_LEVEL(avx512)
+POSENC_IF_AVX2(POSENC_COMPILED_DECLARE_LEVEL(avx2))
+POSENC_IF_AVX512(POSENC_COMPILED_DECLARE_LEVEL(avx512))
+#if POSENC_COMPILED_HAS_AVX512_BF16
 namespace avx512_bf16 {  // the forward kernels' bfloat16 product mode only
 POSENC_COMPILED_FORWARD(POSENC_COMPILED_DECLARE_FORWARD)
 }  // namespace avx512_bf16
+#endif
 
 namespace {
 
 enum level : int { sse2_v, avx2_v, avx512_v, avx512_bf16_v, unset_v = -1 };
 char const* const level_names[] = {"sse2", "avx2", "avx512", "avx512_bf16"};
+constexpr bool level_held[] = {true, POSENC_COMPILED_HAS_AVX2 != 0, POSENC_COMPILED_HAS_AVX512 != 0,
+                               POSENC_COMPILED_HAS_AVX512_BF16 != 0};
 
-/// The best level this CPU runs.
+/// The highest level the library holds at or below `l`.
+level held_level(int l) noexcept {
+  while (l > sse2_v && !level_held[l]) --l;
+  return static_cast<level>(l);
+}
+
+/// The best level this CPU runs and the library holds.
 level cpu_level() noexcept {
   __builtin_cpu_init();
   bool const avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
   bool const avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                       __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
                       __builtin_cpu_supports("avx512cd");
-  if (avx512 && __builtin_cpu_supports("avx512bf16")) return avx512_bf16_v;
-  if (avx512) return avx512_v;
-  if (avx2) return avx2_v;
+  if (avx512 && __builtin_cpu_supports("avx512bf16")) return held_level(avx512_bf16_v);
+  if (avx512) return held_level(avx512_v);
+  if (avx2) return held_level(avx2_v);
   return sse2_v;
+}
+
+/// The levels the library holds, as "sse2, avx512".
+std::string held_names() {
+  std::string out;
+  for (int l = sse2_v; l <= avx512_bf16_v; ++l)
+    if (level_held[l]) out += (out.empty() ? "" : ", ") + std::string(level_names[l]);
+  return out;
 }
 
 /// The level named `name` ("best": `best`), checked against `best`, the CPU's best level.
@@ -45,6 +93,8 @@ level parse_level(std::string const& name, level best, char const* where, char c
   if (name == "best") return best;
   for (int l = sse2_v; l <= avx512_bf16_v; ++l) {
     if (name != level_names[l]) continue;
+    require(level_held[l], where, what, " is ", name, ", expected a level the library holds (", held_names(),
+            ": POSENC_COMPILED_LEVELS)");
     require(l <= best, where, what, " is ", name, ", expected a level this CPU runs (its best is ",
             level_names[best], ")");
     return static_cast<level>(l);
@@ -82,9 +132,9 @@ std::string resolve_level(std::string const& name, std::string const& cpu_best) 
   void forward(attention_plan<float> const& p, view<const Q> q, view<const KV> k, view<const KV> v,     \
                view<O> out, E const& enc, rotation_ids const* rot) {                                    \
     switch (kernel_level(active_level(), p.products == product_precision::bfloat16)) {                 \
-      case avx512_bf16_v: return avx512_bf16::forward(p, q, k, v, out, enc, rot);                       \
-      case avx512_v: return avx512::forward(p, q, k, v, out, enc, rot);                                 \
-      case avx2_v: return avx2::forward(p, q, k, v, out, enc, rot);                                     \
+      POSENC_IF_AVX512_BF16(case avx512_bf16_v: return avx512_bf16::forward(p, q, k, v, out, enc, rot);)                       \
+      POSENC_IF_AVX512(case avx512_v: return avx512::forward(p, q, k, v, out, enc, rot);)                                 \
+      POSENC_IF_AVX2(case avx2_v: return avx2::forward(p, q, k, v, out, enc, rot);)                                     \
       default: return sse2::forward(p, q, k, v, out, enc, rot);                                         \
     }                                                                                                   \
   }
@@ -92,8 +142,8 @@ std::string resolve_level(std::string const& name, std::string const& cpu_best) 
   void paged(bool lanes, fused::paged_work<float, S>& w, index_t entries, view<const Q> q, view<O> out,  \
              E const& enc, rotation_ids const* rots, fused::paged_strides const& ps, int threads) {        \
     switch (kernel_level(active_level())) {                                                              \
-      case avx512_v: return avx512::paged(lanes, w, entries, q, out, enc, rots, ps, threads);            \
-      case avx2_v: return avx2::paged(lanes, w, entries, q, out, enc, rots, ps, threads);                \
+      POSENC_IF_AVX512(case avx512_v: return avx512::paged(lanes, w, entries, q, out, enc, rots, ps, threads);)            \
+      POSENC_IF_AVX2(case avx2_v: return avx2::paged(lanes, w, entries, q, out, enc, rots, ps, threads);)                \
       default: return sse2::paged(lanes, w, entries, q, out, enc, rots, ps, threads);                    \
     }                                                                                                    \
   }
@@ -101,8 +151,8 @@ std::string resolve_level(std::string const& name, std::string const& cpu_best) 
   void backward(attention_plan<T> const& p, backward_views<T> const& io, E const& enc,                 \
                 encoder_gradients_t<E>& grads) {                                                       \
     switch (kernel_level(active_level())) {                                                            \
-      case avx512_v: return avx512::backward(p, io, enc, grads);                                       \
-      case avx2_v: return avx2::backward(p, io, enc, grads);                                           \
+      POSENC_IF_AVX512(case avx512_v: return avx512::backward(p, io, enc, grads);)                                       \
+      POSENC_IF_AVX2(case avx2_v: return avx2::backward(p, io, enc, grads);)                                           \
       default: return sse2::backward(p, io, enc, grads);                                               \
     }                                                                                                  \
   }
@@ -117,8 +167,8 @@ POSENC_COMPILED_BACKWARD(POSENC_COMPILED_DISPATCH_BACKWARD)
 // mode).
 #define POSENC_COMPILED_LEVEL_CALL(f, ...)                     \
   switch (kernel_level(active_level())) {                      \
-    case avx512_v: return avx512::f(__VA_ARGS__);              \
-    case avx2_v: return avx2::f(__VA_ARGS__);                  \
+    POSENC_IF_AVX512(case avx512_v: return avx512::f(__VA_ARGS__);)              \
+    POSENC_IF_AVX2(case avx2_v: return avx2::f(__VA_ARGS__);)                  \
     default: return sse2::f(__VA_ARGS__);                      \
   }
 #define POSENC_COMPILED_DISPATCH_ENTRY(Q, KV, O, E)                                                     \
@@ -147,8 +197,8 @@ POSENC_COMPILED_PAGED_CALLS(POSENC_COMPILED_DISPATCH_PAGED_ENTRY)
 
 index_t lane_min_rows() {
   switch (kernel_level(active_level())) {
-    case avx512_v: return avx512::lane_min_rows();
-    case avx2_v: return avx2::lane_min_rows();
+    POSENC_IF_AVX512(case avx512_v: return avx512::lane_min_rows();)
+    POSENC_IF_AVX2(case avx2_v: return avx2::lane_min_rows();)
     default: return sse2::lane_min_rows();
   }
 }
@@ -163,8 +213,8 @@ std::string isa() { return level_names[active_level()]; }
 
 std::string arch() {
   switch (kernel_level(active_level())) {
-    case avx512_v: return avx512::arch();
-    case avx2_v: return avx2::arch();
+    POSENC_IF_AVX512(case avx512_v: return avx512::arch();)
+    POSENC_IF_AVX2(case avx2_v: return avx2::arch();)
     default: return sse2::arch();
   }
 }

@@ -182,7 +182,7 @@ TEST_CASE("backward: the given lse is used and agrees with the recomputed one", 
     auto lse = p.lse;
     for (auto& x : lse) x += 0.5;
     attention_options<double> o = p.opt;
-    o.lse = lse.data();
+    o.lse = lse;
     auto g3 = make_gradients(cb);
     CHECK_THROWS_WITH(attention_backward<path::reference>(p.vq(), p.vk(), p.vv(), p.vout(), p.vdout(), p.vdq(),
                                                           p.vdk(), p.vdv(), cb, o, g3),
@@ -580,13 +580,37 @@ TEST_CASE("backward: the example of docs/backward.md", "[backward][docs]") {
               dv = at(dvb);
   posenc::t5_bias<float> t5(posenc::t5_bias_params{heads}, seed);
   posenc::attention_options<float> opt;
-  opt.lse = lse.data();                            // saved by the forward pass
+  opt.lse = lse;                            // saved by the forward pass
   posenc::attention(q, k, v, out, t5, opt);
   auto g = posenc::make_gradients(t5);             // g.table: (num_buckets, heads), zeros
   posenc::attention_backward<posenc::path::reference>(q, k, v, out, dout, dq, dk, dv, t5, opt, g);
   CHECK(g.table.rows() == 32);
   CHECK(g.table.cwiseAbs().sum() > 0.0f);
   CHECK(posenc_test::all_finite(dqb));
+  {
+    // The named form: the same gradients, bit for bit.
+    auto const want_dq = dqb, want_dk = dkb, want_dv = dvb;
+    auto const want_table = g.table;
+    std::fill(dqb.begin(), dqb.end(), 0.0f);
+    std::fill(dkb.begin(), dkb.end(), 0.0f);
+    std::fill(dvb.begin(), dvb.end(), 0.0f);
+    g = posenc::make_gradients(t5);
+    posenc::backward_inputs<float> in;
+    in.q = q;
+    in.k = k;
+    in.v = v;
+    in.out = out;
+    in.dout = dout;
+    posenc::backward_outputs<float> d;
+    d.dq = dq;
+    d.dk = dk;
+    d.dv = dv;
+    posenc::attention_backward<posenc::path::reference>(in, d, t5, opt, g);
+    CHECK(dqb == want_dq);
+    CHECK(dkb == want_dk);
+    CHECK(dvb == want_dv);
+    CHECK(g.table == want_table);
+  }
 }
 
 TEST_CASE("backward: strided, misaligned and BHSD views give the same gradients", "[backward]") {

@@ -46,12 +46,12 @@ std::vector<float> run(inputs const& in, E const& enc, posenc::attention_options
   std::vector<float> out(static_cast<std::size_t>(s.Sq * s.Hq * s.D), -7.0f);
   if (probs) {
     probs->assign(static_cast<std::size_t>(s.Hq * s.Sq * s.Sk), 0.0f);
-    opt.scores = probs->data();
+    opt.scores = *probs;
     opt.scores_stage = posenc::score_stage::probabilities;
   }
   if (lse) {
     lse->assign(static_cast<std::size_t>(s.Hq * s.Sq), 0.0f);
-    opt.lse = lse->data();
+    opt.lse = *lse;
   }
   posenc::attention<Path>(posenc::make_bshd(in.q.data(), 1, s.Sq, s.Hq, s.D),
                           posenc::make_bshd(in.k.data(), 1, s.Sk, s.Hkv, s.D),

@@ -294,7 +294,7 @@ void check_offset_positions(E const& enc, index_t Sq, posenc::attention_options<
     posenc::attention_options<float> o = opt;
     o.q_positions = posenc::position_span(first + L - Sq);
     o.k_positions = posenc::position_span(first);
-    o.lse = want_lse.data() + s * Hq * Sq;
+    o.lse = {want_lse.data() + s * Hq * Sq, Hq * Sq};
     posenc::attention<Path>(t.rows(t.q, L - Sq, Sq, Hq), t.rows(t.k, 0, L, Hkv), t.rows(t.v, 0, L, Hkv),
                             posenc::make_bshd(out.data(), 1, Sq, Hq, D), enc, o);
     want_out.insert(want_out.end(), out.begin(), out.end());
@@ -303,7 +303,7 @@ void check_offset_positions(E const& enc, index_t Sq, posenc::attention_options<
 
   std::vector<float> out(want_out.size(), -7.0f), lse(want_lse.size(), -7.0f);
   posenc::attention_options<float> o = opt;
-  o.lse = lse.data();
+  o.lse = lse;
   posenc::attention<Path>(qv, cache, ids, posenc::make_bshd(out.data(), n_seq, Sq, Hq, D), enc, o);
   CHECK(close_values(want_out, out));
   CHECK(close_values(want_lse, lse));
@@ -323,7 +323,7 @@ void check_offset_positions(E const& enc, index_t Sq, posenc::attention_options<
   posenc::attention_options<float> po = opt;
   po.q_positions = posenc::position_span::per_batch(q_first);
   po.k_positions = posenc::position_span::per_batch(posenc::span<const index_t>(seq_first, n_seq));
-  po.lse = plse.data();
+  po.lse = plse;
   posenc::attention<Path>(posenc::make_bshd<const float>(q.data(), 1, n_seq * Sq, Hq, D),
                           posenc::make_bshd<const float>(pk.data(), 1, keys, Hkv, D),
                           posenc::make_bshd<const float>(pv.data(), 1, keys, Hkv, D),

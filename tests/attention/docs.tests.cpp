@@ -20,7 +20,7 @@ TEST_CASE("docs/attention.md: a causal GQA call with RoPE and the log-sum-exp", 
   posenc::rope<float> rope(posenc::rope_layout::half_split, head_dim);
   posenc::attention_options<float> opt;
   opt.causal = true;       // query i sees keys at positions <= its own
-  opt.lse = lse.data();    // (batch, q_heads, seq): to merge partial results
+  opt.lse = lse;    // (batch, q_heads, seq): to merge partial results
   posenc::attention(posenc::make_bshd(q.data(), batch, seq, q_heads, head_dim),
                     posenc::make_bshd(k.data(), batch, seq, kv_heads, head_dim),
                     posenc::make_bshd(v.data(), batch, seq, kv_heads, head_dim),
@@ -42,7 +42,7 @@ TEST_CASE("docs/attention.md: masks, padding and the scores output", "[docs]") {
   posenc::attention_options<float> opt;
   opt.bool_mask = posenc::make_mask<bool>(&allowed[0][0], 1, 1, q_len, k_len);
   opt.key_lengths = key_lengths;
-  opt.scores = probs.data();  // (batch, heads, q_len, k_len)
+  opt.scores = probs;  // (batch, heads, q_len, k_len)
   opt.scores_stage = posenc::score_stage::probabilities;
   posenc::attention<posenc::path::materialized>(posenc::make_bshd(q.data(), batch, q_len, heads, dim),
                     posenc::make_bshd(k.data(), batch, k_len, heads, dim),

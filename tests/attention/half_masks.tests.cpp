@@ -89,9 +89,9 @@ std::size_t masked_twice(std::size_t outs, std::size_t rows, bool causal, int th
   posenc::attention_options<float> opt;
   opt.causal = causal;
   opt.threads = threads;
-  opt.lse = l16.data();
+  opt.lse = l16;
   call(opt, o16.data(), true);
-  opt.lse = l32.data();
+  opt.lse = l32;
   call(opt, o32.data(), false);
   return bit_mismatches(o16, o32, l16, l32);
 }
@@ -258,7 +258,7 @@ TEMPLATE_TEST_CASE("16-bit mask: -inf on every key of a row gives a zero row and
     using P = decltype(path);
     std::vector<float> out(qv.size(), 7.0f), lse(static_cast<std::size_t>(B * H * Sq), 7.0f);
     posenc::attention_options<float> opt;
-    opt.lse = lse.data();
+    opt.lse = lse;
     posenc::attention<P>(q, k, k, posenc::make_bshd(out.data(), B, Sq, H, D), posenc::none{}, opt,
                          posenc::make_mask(static_cast<S const*>(m.data()), 1, 1, Sq, Sk));
     std::size_t nonzero = 0, nan = 0, bad_lse = 0;
@@ -292,7 +292,7 @@ TEST_CASE("16-bit mask: a bad shape or an output over the mask throws before any
                                       posenc::make_mask(static_cast<Eigen::half const*>(m.data()), 1, 1, Sq + 1, Sq)),
                     posenc_test::contains("mask (16-bit).q is 8, expected 1 or 7"));
   std::vector<float> lse(static_cast<std::size_t>(B * H * Sq));  // the mask lives inside lse's bytes
-  opt.lse = lse.data();
+  opt.lse = lse;
   CHECK_THROWS_WITH(posenc::attention(q, q, q, posenc::make_bshd(out.data(), B, Sq, H, D), posenc::none{}, opt,
                                       posenc::make_mask(reinterpret_cast<Eigen::half const*>(lse.data()), 1, 1, Sq, Sq)),
                     posenc_test::contains("overlaps mask (16-bit)"));
@@ -347,7 +347,7 @@ TEST_CASE("16-bit mask over a kv_cache or packed sequences: a bad shape or overl
     CHECK_THROWS_WITH(posenc::attention(q16, cache16, o16, posenc::none{}, opt, mask(1, H + 1, 1, Sk)),
                       posenc_test::contains("mask (16-bit).heads is 4, expected 1 or 3"));
     std::vector<float> lse(static_cast<std::size_t>(B * H * Sq));  // the mask lives inside lse's bytes
-    opt.lse = lse.data();
+    opt.lse = lse;
     CHECK_THROWS_WITH(posenc::attention(q, cache, o, posenc::none{}, opt,
                                         posenc::make_mask(reinterpret_cast<bf16 const*>(lse.data()), 1, 1, 1, Sk)),
                       posenc_test::contains("overlaps mask (16-bit)"));
@@ -379,7 +379,7 @@ TEST_CASE("16-bit mask over a kv_cache or packed sequences: a bad shape or overl
     CHECK_THROWS_WITH(posenc::attention(q16, k16, k16, o16, seqs, posenc::none{}, opt, mask(1, 1, Sq, Kt)),
                       posenc_test::contains("mask (16-bit).q is 7, expected 1 or 9"));
     std::vector<float> lse(static_cast<std::size_t>(H * Qt));
-    opt.lse = lse.data();
+    opt.lse = lse;
     CHECK_THROWS_WITH(posenc::attention(q, k, k, o, seqs, posenc::none{}, opt,
                                         posenc::make_mask(reinterpret_cast<bf16 const*>(lse.data()), 1, 1, 1, Kt)),
                       posenc_test::contains("overlaps mask (16-bit)"));

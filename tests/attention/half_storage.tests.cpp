@@ -74,7 +74,7 @@ std::vector<float> run(problem<S> const& pb, E const& enc, posenc::attention_opt
   shape const& s = pb.s;
   std::vector<float> out(static_cast<std::size_t>(pb.extent(s.Sq, s.Hq, s.Dv)), -7.0f);
   std::vector<float> lse(static_cast<std::size_t>(s.B * s.Hq * s.Sq), -7.0f);
-  opt.lse = lse.data();
+  opt.lse = lse;
   posenc::view<float> const o = pb.template make<float>(out.data(), s.Sq, s.Hq, s.Dv);
   if constexpr (std::is_same_v<KV, float>)
     posenc::attention<Path>(pb.qv(), pb.template make<const float>(pb.kf.data(), s.Sk, s.Hkv, s.D),
@@ -99,7 +99,7 @@ std::vector<float> run16(problem<S> const& pb, E const& enc, posenc::attention_o
   std::size_t const n = static_cast<std::size_t>(pb.extent(s.Sq, s.Hq, s.Dv));
   std::vector<QS> out(n, posenc::detail::to_storage<QS>(-7.0f));
   std::vector<float> lse(static_cast<std::size_t>(s.B * s.Hq * s.Sq), -7.0f);
-  opt.lse = lse.data();
+  opt.lse = lse;
   posenc::view<QS> const o = pb.template make<QS>(out.data(), s.Sq, s.Hq, s.Dv);
   QS const* qd;
   if constexpr (std::is_same_v<QS, float>)
@@ -616,7 +616,7 @@ std::size_t packed16_mismatches(E const& enc, bool causal) {
   posenc::attention_options<float> opt;
   opt.causal = causal;
   opt.key_lengths = posenc::span<const index_t>(keys, n);
-  opt.lse = lse.data();
+  opt.lse = lse;
   opt.threads = 2;
   posenc::packed_sequences const seqs{posenc::span<const index_t>(cq.data(), n + 1),
                                       posenc::span<const index_t>(ck.data(), n + 1)};
@@ -630,7 +630,7 @@ std::size_t packed16_mismatches(E const& enc, bool causal) {
     std::vector<float> one_lse(static_cast<std::size_t>(Hq * lq[s]), -7.0f);
     posenc::attention_options<float> o = opt;
     o.key_lengths = posenc::span<const index_t>(keys + s, 1);
-    o.lse = one_lse.data();
+    o.lse = one_lse;
     o.threads = 1;
     posenc::attention<Path>(posenc::make_bshd(qd.data() + q0 * Hq * D, 1, lq[s], Hq, D),
                             posenc::make_bshd(kd.data() + k0 * Hkv * D, 1, lk[s], Hkv, D),

@@ -44,10 +44,10 @@ void check_in_place(shape const& s, E const& enc) {
   opt.causal = s.causal;
   opt.threads = s.threads;
   auto view = [&](float const* p, index_t S, index_t H) { return posenc::make_bshd(p, s.B, S, H, s.D); };
-  opt.lse = lse_sep.data();
+  opt.lse = lse_sep;
   posenc::attention<Path>(view(q0.data(), s.Sq, s.Hq), view(k.data(), s.Sk, s.Hkv), view(v.data(), s.Sk, s.Hkv),
                           posenc::make_bshd(out.data(), s.B, s.Sq, s.Hq, s.D), enc, opt);
-  opt.lse = lse_in.data();
+  opt.lse = lse_in;
   posenc::view<float> const qo = posenc::make_bshd(q.data(), s.B, s.Sq, s.Hq, s.D);
   posenc::attention<Path>(qo, view(k.data(), s.Sk, s.Hkv), view(v.data(), s.Sk, s.Hkv), qo, enc, opt);
   bool same = true;

@@ -182,7 +182,7 @@ void check_packed(E const& enc, std::string const& enc_name) {
         std::vector<T> out(static_cast<std::size_t>(Sq * Hq * D), T(-7)), lse(static_cast<std::size_t>(Hq * Sq), T(-7));
         posenc::attention_options<T> opt;
         var.packed(l, opt);
-        opt.lse = lse.data();
+        opt.lse = lse;
         opt.threads = threads;
         posenc::attention<Path, T>(posenc::make_bshd(q.data(), 1, Sq, Hq, D), posenc::make_bshd(k.data(), 1, Sk, Hkv, D),
                                    posenc::make_bshd(v.data(), 1, Sk, Hkv, D), posenc::make_bshd(out.data(), 1, Sq, Hq, D),
@@ -196,7 +196,7 @@ void check_packed(E const& enc, std::string const& enc_name) {
           std::vector<T> want(static_cast<std::size_t>(sq * Hq * D), T(5)), want_lse(static_cast<std::size_t>(Hq * sq));
           posenc::attention_options<T> one;
           var.alone(l, s, one);
-          one.lse = want_lse.data();
+          one.lse = want_lse;
           one.threads = 1;
           posenc::attention<Path, T>(posenc::make_bshd(qs.data(), 1, sq, Hq, D), posenc::make_bshd(ks.data(), 1, sk, Hkv, D),
                                      posenc::make_bshd(vs.data(), 1, sk, Hkv, D),
@@ -318,7 +318,7 @@ TEMPLATE_TEST_CASE("packed attention: the scores output holds each sequence's bl
     std::vector<double> out(static_cast<std::size_t>(Sq * Hq * D)), scores(static_cast<std::size_t>(blocks), -9.0);
     posenc::attention_options<double> opt;
     opt.causal = true;
-    opt.scores = scores.data();
+    opt.scores = scores;
     opt.scores_stage = stage;
     posenc::attention<TestType, double>(posenc::make_bshd(q.data(), 1, Sq, Hq, D), posenc::make_bshd(k.data(), 1, Sk, Hkv, D),
                                         posenc::make_bshd(v.data(), 1, Sk, Hkv, D),
@@ -329,7 +329,7 @@ TEMPLATE_TEST_CASE("packed attention: the scores output holds each sequence's bl
       index_t const sq = q_lens[s], sk = k_lens[s];
       std::vector<double> want_out(static_cast<std::size_t>(sq * Hq * D)), want(static_cast<std::size_t>(Hq * sq * sk));
       posenc::attention_options<double> one = opt;
-      one.scores = want.data();
+      one.scores = want;
       posenc::attention<TestType, double>(posenc::make_bshd(q.data() + cu_q[s] * Hq * D, 1, sq, Hq, D),
                                           posenc::make_bshd(k.data() + cu_k[s] * Hkv * D, 1, sk, Hkv, D),
                                           posenc::make_bshd(v.data() + cu_k[s] * Hkv * D, 1, sk, Hkv, D),
@@ -362,7 +362,7 @@ TEST_CASE("docs/serving.md: a packed causal prefill with RoPE, then one decode s
   posenc::rope<float> rope(posenc::rope_layout::half_split, head_dim);
   posenc::attention_options<float> opt;
   opt.causal = true;
-  opt.lse = lse.data();  // (heads, total): row h, packed token t at lse[h * total + t]
+  opt.lse = lse;  // (heads, total): row h, packed token t at lse[h * total + t]
   posenc::attention(posenc::make_bshd<const float>(q.data(), 1, total, heads, head_dim),
                     posenc::make_bshd<const float>(k.data(), 1, total, heads, head_dim),
                     posenc::make_bshd<const float>(v.data(), 1, total, heads, head_dim),
@@ -401,13 +401,13 @@ TEMPLATE_TEST_CASE("packed attention: queries of a sequence without keys give ze
     std::vector<float> out(3 * Hq * D, 9.0f), lse(Hq * 3, 9.0f), want(Hq * D), want_lse(Hq);
     posenc::attention_options<float> opt;
     opt.causal = true;  // sequence 0's rows sit before position 0 (bottom-right against no key)
-    opt.lse = lse.data();
+    opt.lse = lse;
     opt.threads = threads;
     posenc::attention<TestType, float>(posenc::make_bshd(q.data(), 1, 3, Hq, D), posenc::make_bshd(k.data(), 1, 3, Hkv, D),
                                        posenc::make_bshd(v.data(), 1, 3, Hkv, D), posenc::make_bshd(out.data(), 1, 3, Hq, D),
                                        posenc::packed_sequences{cu_q, cu_k}, alibi, opt);
     posenc::attention_options<float> one = opt;
-    one.lse = want_lse.data();
+    one.lse = want_lse;
     posenc::attention<TestType, float>(posenc::make_bshd(q.data() + 2 * Hq * D, 1, 1, Hq, D),
                                        posenc::make_bshd(k.data(), 1, 3, Hkv, D), posenc::make_bshd(v.data(), 1, 3, Hkv, D),
                                        posenc::make_bshd(want.data(), 1, 1, Hq, D), alibi, one);

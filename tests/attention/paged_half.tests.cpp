@@ -511,7 +511,7 @@ void check_errors(char const* format) {
   REQUIRE_THROWS_WITH(posenc::attention(qshort, c, ids, ov, posenc::rope<float>(posenc::rope_layout::half_split, D - 2)),
                       posenc_test::contains("q.dim is " + std::to_string(D - 2)));
   posenc::attention_options<float> opt;
-  opt.scores = q.data();
+  opt.scores = q;
   REQUIRE_THROWS_WITH(posenc::attention(qv16, c, ids, ov16, rope, opt), posenc_test::contains("scores is set, expected null"));
   for (float x : out) CHECK(x == 42.0f);
   for (S x : out16) CHECK(bits(x) == bits(posenc::detail::to_storage<S>(42.0f)));
@@ -621,7 +621,7 @@ std::vector<float> run_masked(scene<S> const& sc, std::vector<QS> const& q, inde
   index_t const n = scene<S>::n_seq;
   std::vector<QS> out(static_cast<std::size_t>(n * Sq * Hq * Dv), posenc::detail::to_storage<QS>(-7.0f));
   std::vector<float> lse(static_cast<std::size_t>(n * Hq * Sq), -7.0f);
-  opt.lse = lse.data();
+  opt.lse = lse;
   auto const qv = posenc::make_bshd(q.data(), n, Sq, Hq, D);
   auto const ov = posenc::make_bshd(out.data(), n, Sq, Hq, Dv);
   posenc::span<const index_t> const ids(sc.ids.data(), n);
@@ -653,7 +653,7 @@ std::vector<float> run_flat_masked(scene<S> const& sc, std::vector<QS> const& q,
     o.keys_rotated = f.keys_rotated();
     o.k_positions = posenc::position_span(f.first_position());
     o.q_positions = posenc::position_span(f.next_position() - Sq);
-    o.lse = lse.data() + s * Hq * Sq;
+    o.lse = {lse.data() + s * Hq * Sq, Hq * Sq};
     posenc::attention<Path>(posenc::make_bshd(q.data() + s * Sq * Hq * D, 1, Sq, Hq, D), f.keys(), f.values(),
                             posenc::make_bshd(out.data() + s * Sq * Hq * Dv, 1, Sq, Hq, Dv), enc, o,
                             m.entry(s, f.length()));
@@ -741,7 +741,7 @@ void check_mask_errors(char const* format) {
   auto const ov = posenc::make_bshd(out.data(), n, 1, Hq, Dv);
   posenc::span<const index_t> const ids(sc.ids.data(), n);
   posenc::attention_options<float> opt;
-  opt.lse = lse.data();
+  opt.lse = lse;
   posenc::paged_attention_workspace<S> ws;
   auto const bad = [&](posenc::mask_view<S> const& mv, std::string const& message) {
     INFO(message);
@@ -838,10 +838,10 @@ void check_wide_one_row(char const* name) {
           posenc::attention_options<float> opt;
           opt.causal = true;
           opt.threads = threads;
-          opt.lse = lse_want.data();
+          opt.lse = lse_want;
           auto const qv = posenc::make_bshd(q.data(), 1, 1, H, Dk);
           posenc::attention<posenc::path::fused>(qv, flat, posenc::make_bshd(want.data(), 1, 1, H, Dw), enc, opt);
-          opt.lse = lse_got.data();
+          opt.lse = lse_got;
           std::vector<index_t> const ids = {id};
           posenc::attention<posenc::path::fused>(qv, cache, ids, posenc::make_bshd(got.data(), 1, 1, H, Dw), enc, opt);
           if (threads == 1) {  // the same walk of the same keys (more threads may split a sequence otherwise)

@@ -176,13 +176,13 @@ void check_against_contiguous(E const& enc, index_t page, posenc::attention_opti
       std::copy_n(tok[s].q.begin() + done[s] * Hq * D, sq * Hq * D, q.begin() + b * sq * Hq * D);
       done[s] += sq;
       posenc::attention_options<T> o = opt;
-      o.lse = lse_want.data() + b * Hq * sq;
+      o.lse = {lse_want.data() + b * Hq * sq, Hq * sq};
       posenc::attention<posenc::path::reference>(posenc::make_bshd<const T>(q.data() + b * sq * Hq * D, 1, sq, Hq, D),
                                                  ref[s], posenc::make_bshd(want.data() + b * sq * Hq * D, 1, sq, Hq, D),
                                                  enc, o);
     }
     posenc::attention_options<T> o = opt;
-    o.lse = lse_got.data();
+    o.lse = lse_got;
     posenc::attention<Path>(posenc::make_bshd<const T>(q.data(), 4, sq, Hq, D), cache, order,
                             posenc::make_bshd(got.data(), 4, sq, Hq, D), enc, o, ws);
     double const tol = std::is_same<T, float>::value ? 2e-5 : 1e-12;
@@ -270,18 +270,18 @@ void check_scattered_decode(E const& enc, index_t page, index_t sq, posenc::atte
     done[s] += sq;
     if (masked) continue;
     posenc::attention_options<T> ob = opt;
-    ob.lse = lse_want.data() + b * Hq * sq;
+    ob.lse = {lse_want.data() + b * Hq * sq, Hq * sq};
     posenc::attention<posenc::path::reference>(posenc::make_bshd<const T>(q.data() + b * sq * Hq * D, 1, sq, Hq, D),
                                                ref[s], posenc::make_bshd(want.data() + b * sq * Hq * D, 1, sq, Hq, D),
                                                enc, ob);
   }
   if (masked) {
     posenc::attention_options<T> ow = o;
-    ow.lse = lse_want.data();
+    ow.lse = lse_want;
     posenc::attention<posenc::path::reference>(posenc::make_bshd<const T>(q.data(), n, sq, Hq, D), cache, order,
                                                posenc::make_bshd(want.data(), n, sq, Hq, D), enc, ow);
   }
-  o.lse = lse_got.data();
+  o.lse = lse_got;
   posenc::paged_attention_workspace<T> ws;
   posenc::attention<posenc::path::fused>(posenc::make_bshd<const T>(q.data(), n, sq, Hq, D), cache, order,
                                          posenc::make_bshd(got.data(), n, sq, Hq, D), enc, o, ws);
@@ -439,7 +439,7 @@ std::vector<float> paged_masked(posenc::paged_kv_cache<float> const& cache, std:
                                 posenc::attention_options<float> opt, posenc::mask_view<M> const* m16) {
   index_t const n = static_cast<index_t>(ids.size());
   std::vector<float> out(static_cast<std::size_t>(n * sq * Hq * D), 7.0f), lse(static_cast<std::size_t>(n * Hq * sq));
-  opt.lse = lse.data();
+  opt.lse = lse;
   auto const qv = posenc::make_bshd<const float>(q.data(), n, sq, Hq, D);
   auto const ov = posenc::make_bshd(out.data(), n, sq, Hq, D);
   if (m16)
@@ -994,10 +994,10 @@ TEST_CASE("paged fused decode over float pages equals the kv_cache fused decode 
             posenc::attention_options<float> opt;
             opt.causal = true;
             opt.threads = threads;
-            opt.lse = lse_want.data();
+            opt.lse = lse_want;
             auto const qv = posenc::make_bshd<const float>(q.data(), 1, sq, Hq, D);
             posenc::attention<posenc::path::fused>(qv, flat, posenc::make_bshd(want.data(), 1, sq, Hq, D), enc, opt);
-            opt.lse = lse_got.data();
+            opt.lse = lse_got;
             std::vector<index_t> const ids = {id};
             posenc::attention<posenc::path::fused>(qv, cache, ids, posenc::make_bshd(got.data(), 1, sq, Hq, D), enc,
                                                    opt);

@@ -122,7 +122,7 @@ TEMPLATE_TEST_CASE("attention: causal alignment, offsets, window, padding", "[at
     posenc::attention_options<double> opt;
     opt.causal = true;
     opt.q_positions = posenc::position_span::per_batch(offs);
-    opt.lse = lse.data();
+    opt.lse = lse;
     p.run<TestType>(posenc::none{}, opt);
     for (index_t b = 0; b < 2; ++b)
       for (index_t h = 0; h < 2; ++h)
@@ -194,8 +194,8 @@ TEMPLATE_TEST_CASE("attention: masks, softcap and fully masked rows", "[attentio
     std::vector<float> lse(8, 3.0f), probs(2 * 2 * 2 * 4, 9.0f);
     posenc::attention_options<float> opt;
     opt.bool_mask = posenc::make_mask<bool>(&bm[0][0][0][0], 2, 1, 2, 4);
-    opt.lse = lse.data();
-    opt.scores = probs.data();
+    opt.lse = lse;
+    opt.scores = probs;
     p.run<TestType>(posenc::none{}, opt);
     for (index_t b = 0; b < 2; ++b)
       for (index_t h = 0; h < 2; ++h)
@@ -215,7 +215,7 @@ TEMPLATE_TEST_CASE("attention: masks, softcap and fully masked rows", "[attentio
     posenc::attention_options<float> opt;
     opt.softcap = 0.5;
     opt.mask = posenc::make_mask<float>(m.data(), 1, 1, 2, 4);
-    opt.scores = capped.data();
+    opt.scores = capped;
     opt.scores_stage = posenc::score_stage::biased;
     p.run<TestType>(posenc::none{}, opt);
     for (index_t b = 0; b < 2; ++b)
@@ -245,7 +245,7 @@ TEMPLATE_TEST_CASE("attention: masks, softcap and fully masked rows", "[attentio
     for (auto& x : p.k) x *= 300.0f;
     std::vector<float> lse(8);
     posenc::attention_options<float> opt;
-    opt.lse = lse.data();
+    opt.lse = lse;
     p.run<TestType>(posenc::none{}, opt);
     for (float x : p.out) CHECK(std::isfinite(x));
     for (float x : lse) CHECK(std::isfinite(x));
@@ -269,9 +269,9 @@ TEMPLATE_TEST_CASE("attention: score stages and log-sum-exp", "[attention]", pos
     opt.scale = sc;
     opt.softcap = cap;
     opt.causal = true;
-    opt.scores = st[s].data();
+    opt.scores = st[s];
     opt.scores_stage = stages[s];
-    opt.lse = lse.data();
+    opt.lse = lse;
     p.run<TestType>(enc, opt);
   }
   for (index_t i = 0; i < 2; ++i) {
@@ -413,7 +413,7 @@ TEMPLATE_TEST_CASE("attention: layouts, strides, threads and empty inputs", "[at
     posenc::attention<TestType>(q0, k1, k1, posenc::make_bshd<float>(nullptr, 1, 0, 2, 2), posenc::none{});
     std::vector<float> q(4, 1.0f);
     posenc::attention_options<float> o2;
-    o2.lse = lse.data();
+    o2.lse = lse;
     posenc::attention<TestType>(posenc::make_bshd<const float>(q.data(), 1, 1, 2, 2),
                                 posenc::make_bshd<const float>(nullptr, 1, 0, 1, 2),
                                 posenc::make_bshd<const float>(nullptr, 1, 0, 1, 2),

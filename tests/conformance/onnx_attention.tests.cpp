@@ -139,7 +139,7 @@ case_result run_case(posenc_test::onnx_case const& c) {
       return res;
     }
     scores.assign(static_cast<std::size_t>(B * Hq * Sq * T), std::nanf(""));
-    opt.scores = scores.data();
+    opt.scores = scores;
     int const mode = static_cast<int>(c.attr_num("qk_matmul_output_mode", 0));
     opt.scores_stage = mode == 0   ? posenc::score_stage::raw
                        : mode == 1 ? posenc::score_stage::softcapped

@@ -47,7 +47,7 @@ void check_ring(problem const& p, E const& enc, dist::ring_options<float> opt, s
   auto vl = take_rows(v, p.B, p.S, p.Hkv, p.Dv, rows);
   std::vector<float> ol(static_cast<std::size_t>(p.B * n * p.Hq * p.Dv), -7.f);
   std::vector<float> lsel(static_cast<std::size_t>(p.B * p.Hq * n), -7.f);
-  opt.lse = lsel.data();
+  opt.lse = lsel;
   dist::ring_stats const st = dist::ring_attention(
       MPI_COMM_WORLD, posenc::make_bshd(ql.data(), p.B, n, p.Hq, p.D), posenc::make_bshd(kl.data(), p.B, n, p.Hkv, p.D),
       posenc::make_bshd(vl.data(), p.B, n, p.Hkv, p.Dv), posenc::make_bshd(ol.data(), p.B, n, p.Hq, p.Dv), enc, opt);
@@ -74,7 +74,7 @@ void check_ring(problem const& p, E const& enc, dist::ring_options<float> opt, s
     using P = decltype(path);
     std::vector<float> o(static_cast<std::size_t>(p.B * p.S * p.Hq * p.Dv + p.B * p.Hq * p.S));
     posenc::attention_options<float> ao = opt;
-    ao.lse = o.data() + p.B * p.S * p.Hq * p.Dv;
+    ao.lse = {o.data() + p.B * p.S * p.Hq * p.Dv, p.B * p.Hq * p.S};
     posenc::attention<P>(posenc::make_bshd(q.data(), p.B, p.S, p.Hq, p.D),
                          posenc::make_bshd(k.data(), p.B, p.S, p.Hkv, p.D),
                          posenc::make_bshd(v.data(), p.B, p.S, p.Hkv, p.Dv),

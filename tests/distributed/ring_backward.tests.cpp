@@ -63,7 +63,7 @@ void check_ring_backward(problem const& p, E const& enc, dist::ring_options<floa
   };
   auto ql = shard(q, p.Hq, p.D), kl = shard(k, p.Hkv, p.D), vl = shard(v, p.Hkv, p.Dv), dol = shard(dout, p.Hq, p.Dv);
   std::vector<float> ol(static_cast<std::size_t>(p.B * n * p.Hq * p.Dv)), lsel(static_cast<std::size_t>(p.B * p.Hq * n));
-  opt.lse = n > 0 ? lsel.data() : nullptr;  // a rank without tokens has no log-sum-exp (null, as an empty vector's)
+  opt.lse = lsel;  // a rank without tokens gives an empty one (0 values, a null data pointer)
   auto bshd = [&](std::vector<float>& x, index_t H, index_t dim) { return posenc::make_bshd(x.data(), p.B, n, H, dim); };
   dist::ring_attention(MPI_COMM_WORLD, posenc::view<const float>(bshd(ql, p.Hq, p.D)),
                        posenc::view<const float>(bshd(kl, p.Hkv, p.D)), posenc::view<const float>(bshd(vl, p.Hkv, p.Dv)),
@@ -208,7 +208,7 @@ TEST_CASE("ring backward without the forward log-sum-exp throws on every rank, n
                       Catch::Matchers::Contains("lse is null"));
   // Only rank 0 passes a dq of the wrong shape: every rank throws, naming it.
   std::vector<float> lse(static_cast<std::size_t>(2 * n), 0.f);
-  opt.lse = lse.data();
+  opt.lse = lse;
   std::vector<float> small(static_cast<std::size_t>(n * 2 * 4), -7.f);
   auto const bad_dq = posenc_test::world_rank() == 0 ? posenc::make_bshd(small.data(), 1, n, 2, 4) : view_of(dq);
   REQUIRE_THROWS_WITH(dist::ring_attention_backward(MPI_COMM_WORLD, cview(x), cview(x), cview(x), cview(out),
@@ -236,7 +236,7 @@ TEST_CASE("ring backward errors of the later phases name ring_attention_backward
   auto view_of = [&](std::vector<float>& b) { return posenc::make_bshd(b.data(), 1, n, H, D); };
   auto cview = [&](std::vector<float>& b) { return posenc::view<const float>(view_of(b)); };
   dist::ring_options<float> opt;
-  opt.lse = lse.data();
+  opt.lse = lse;
   auto run = [&](dist::ring_options<float> const& o, auto const& enc) {
     auto g = posenc::make_gradients(enc);
     dist::ring_attention_backward(MPI_COMM_WORLD, cview(x), cview(x), cview(x), cview(out), cview(dout), view_of(dq),

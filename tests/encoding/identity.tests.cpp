@@ -323,6 +323,44 @@ TEST_CASE("identity: Transformer-XL covers its extents, memory, u, v and W_R", "
   check_differs(base, transformer_xl<float>(K, u, v, w2), "w_r");
 }
 
+TEST_CASE("identity: Transformer-XL from R by distance covers its form, extents, memory, u, v and R", "[identity]") {
+  using posenc::transformer_xl;
+  index_t const H = 2, d = 4, P = 6, K = 5;
+  auto const u = table<float>(H, d), v = table<float>(H, d, 0.03), r = table<float>(2 * K + 1, H * d, 0.001);
+  auto const base = transformer_xl<float>::from_distances(K, u, v, r);
+  check_same(base, transformer_xl<float>::from_distances(K, u, v, r));
+  CHECK(base.identity().text().find("form r") != std::string::npos);
+  // The same R as a W_R encoder's table: same numbers, another form.
+  transformer_xl<float> const by_w(K, u, v, table<float>(H * d, P, 0.001));
+  posenc::relative_table<float> tab(2 * K + 1, H * d);
+  for (index_t dist = -K; dist <= K; ++dist)
+    for (index_t h = 0; h < H; ++h)
+      for (index_t t = 0; t < d; ++t) tab(dist + K, h * d + t) = by_w.relative_key(h, dist, t);
+  check_differs(by_w, transformer_xl<float>::from_distances(K, u, v, tab), "form");
+  check_differs(base, transformer_xl<double>::from_distances(K, table<double>(H, d), table<double>(H, d, 0.03),
+                                                             table<double>(2 * K + 1, H * d, 0.001)),
+                "type");
+  check_differs(base, transformer_xl<float>::from_distances(K + 1, u, v, table<float>(2 * K + 3, H * d, 0.001)),
+                "distance_limit");
+  check_differs(base, transformer_xl<float>::from_distances(K, u, v, r, 16), "memory_length");
+  check_differs(base, transformer_xl<float>::from_distances(K, table<float>(H + 1, d), table<float>(H + 1, d, 0.03),
+                                                            table<float>(2 * K + 1, (H + 1) * d, 0.001)),
+                "heads");
+  check_differs(base, transformer_xl<float>::from_distances(K, table<float>(H, d + 2), table<float>(H, d + 2, 0.03),
+                                                            table<float>(2 * K + 1, H * (d + 2), 0.001)),
+                "head_dim");
+  auto u2 = u, v2 = v, r2 = r;
+  u2(1, 3) += 1.f;
+  v2(0, 0) += 1.f;
+  r2(2 * K, H * d - 1) += 1.f;
+  check_differs(base, transformer_xl<float>::from_distances(K, u2, v, r), "u");
+  check_differs(base, transformer_xl<float>::from_distances(K, u, v2, r), "v");
+  check_differs(base, transformer_xl<float>::from_distances(K, u, v, r2), "r");
+  auto r3 = r;
+  r3(0, 0) = -r3(0, 0);
+  check_differs(base, transformer_xl<float>::from_distances(K, u, v, r3), "r");
+}
+
 TEST_CASE("identity: compose names every part; its rotation identity only the rotating ones", "[identity]") {
   using posenc::alibi;
   using posenc::alibi_form;

@@ -163,7 +163,7 @@ std::size_t backward_mismatches(E1 const& e1, E2 const& e2, index_t heads, index
   posenc::attention_options<float> opt;
   opt.causal = true;
   opt.threads = 1;
-  opt.lse = lse.data();
+  opt.lse = lse;
   posenc::attention<P>(at(q), at(k), at(v), at(out), e2, opt);
   std::vector<float> dq1(n), dk1(n), dv1(n), dq2(n), dk2(n), dv2(n);
   auto g1 = posenc::make_gradients(e1);

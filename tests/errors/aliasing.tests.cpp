@@ -53,7 +53,7 @@ TEMPLATE_TEST_CASE("attention aliasing: outputs overlapping inputs or each other
   using A = arena;
   SECTION("the unbroken arena call works") {
     arena a;
-    a.opt.lse = a.at(A::ol);
+    a.opt.lse = {a.at(A::ol), A::nl};
     a.opt.mask = posenc::make_mask<float>(a.at(A::om), 1, 1, A::Sq, A::Sk);
     a.snapshot();
     posenc::attention<TestType>(a.q, a.k, a.v, a.out, posenc::none{}, a.opt);
@@ -96,15 +96,15 @@ TEMPLATE_TEST_CASE("attention aliasing: outputs overlapping inputs or each other
   }
   SECTION("lse over out") {
     arena a;
-    a.opt.lse = a.at(A::oo + A::nq - 1);
+    a.opt.lse = {a.at(A::oo + A::nq - 1), A::nl};
     expect_alias_error<TestType>(a, "posenc::attention: lse (q.batch x q.heads x q.seq elements) is at bytes");
     expect_alias_error<TestType>(a, "overlaps out at");
   }
   SECTION("lse over q, k and v") {
     arena a;
-    a.opt.lse = a.at(A::oq + 3);
+    a.opt.lse = {a.at(A::oq + 3), A::nl};
     expect_alias_error<TestType>(a, "posenc::attention: lse (q.batch x q.heads x q.seq elements) is at bytes");
-    a.opt.lse = a.at(A::ov + A::nk - 2);
+    a.opt.lse = {a.at(A::ov + A::nk - 2), A::nl};
     expect_alias_error<TestType>(a, "overlaps v at");
   }
   SECTION("in place with rows that overlap each other") {
@@ -145,14 +145,14 @@ TEST_CASE("attention aliasing: scores over the inputs or the other outputs are r
   std::vector<float> scores(static_cast<std::size_t>(A::B * A::Hq * A::Sq * A::Sk));
   SECTION("scores over k") {
     arena a;
-    a.opt.scores = a.at(A::ok + 1);
+    a.opt.scores = {a.at(A::ok + 1), A::B * A::Hq * A::Sq * A::Sk};
     expect_alias_error<posenc::path::materialized>(a, "posenc::attention: scores (q.batch x q.heads x q.seq x k.seq elements) is at");
     expect_alias_error<posenc::path::reference>(a, "overlaps k at");
   }
   SECTION("lse over scores") {
     arena a;
-    a.opt.scores = scores.data();
-    a.opt.lse = scores.data() + scores.size() - 1;
+    a.opt.scores = scores;
+    a.opt.lse = {scores.data() + scores.size() - 1, A::nl};
     expect_alias_error<posenc::path::materialized>(a, "posenc::attention: scores (q.batch x q.heads x q.seq x k.seq elements) is at");
     expect_alias_error<posenc::path::reference>(a, "overlaps lse at");
   }

@@ -34,8 +34,8 @@ struct call {
   posenc::view<float> ov = posenc::make_bshd(out.data(), 2, 3, 4, 2);
   posenc::attention_options<float> opt;
   call() {
-    opt.lse = lse.data();
-    opt.scores = scores.data();
+    opt.lse = lse;
+    opt.scores = scores;
   }
   bool untouched() const {
     for (float x : out)
@@ -237,4 +237,88 @@ TEST_CASE("kv_cache and multi_head_attention errors", "[errors]") {
   REQUIRE_THROWS_WITH(mha.forward(xv, posenc::make_bsd(y.data(), 2, 3, 8), wrong_cache),
                       posenc_test::contains("cache.kv_heads is 2, expected 1 (kv_heads)"));
   for (float t : y) CHECK(t == 42.0f);
+}
+
+TEMPLATE_TEST_CASE("attention errors: lse and scores know their size, checked before anything is written", "[errors]",
+                   posenc::path::reference, posenc::path::materialized, posenc::path::best) {
+  constexpr bool has_scores = !std::is_same_v<TestType, posenc::path::best>;
+  auto no_scores = [](call& c) {
+    if constexpr (!has_scores) c.opt.scores = nullptr;
+  };
+  // lse: exactly q.batch x q.heads x q.seq = 24 values.
+  expect_error<TestType>(
+      [&](call& c) {
+        no_scores(c);
+        c.opt.lse = {c.lse.data(), 23};
+      },
+      "lse has 23 values, expected 24 (q.batch x q.heads x q.seq)");
+  expect_error<TestType>(
+      [&](call& c) {
+        no_scores(c);
+        c.lse.push_back(42.0f);
+        c.opt.lse = c.lse;
+      },
+      "lse has 25 values, expected 24 (q.batch x q.heads x q.seq)");
+  // An empty vector is a given lse of 0 values, not "no lse".
+  std::vector<float> none;
+  expect_error<TestType>(
+      [&](call& c) {
+        no_scores(c);
+        c.opt.lse = none;
+      },
+      "lse has 0 values, expected 24 (q.batch x q.heads x q.seq)");
+  expect_error<TestType>(
+      [&](call& c) {
+        no_scores(c);
+        c.opt.lse = {nullptr, 24};
+      },
+      "lse is given with 24 values and a null data pointer, expected a buffer (or nullptr for no lse)");
+  if constexpr (has_scores) {
+    // scores: exactly q.batch x q.heads x q.seq x k.seq = 96 values.
+    expect_error<TestType>([](call& c) { c.opt.scores = {c.scores.data(), 95}; },
+                           "scores has 95 values, expected 96 (q.batch x q.heads x q.seq x k.seq)");
+    expect_error<TestType>([](call& c) { c.opt.scores = {c.scores.data(), 24}; },
+                           "scores has 24 values, expected 96 (q.batch x q.heads x q.seq x k.seq)");
+  }
+  {
+    call c;  // nullptr: no lse, no scores; out is still written
+    c.opt.lse = nullptr;
+    c.opt.scores = nullptr;
+    CHECK_FALSE(c.opt.lse.given());
+    posenc::attention<TestType>(c.qv, c.kv, c.vv, c.ov, posenc::none{}, c.opt);
+    for (float x : c.lse) CHECK(x == 42.0f);
+    CHECK(c.out[0] != 42.0f);
+  }
+  {
+    call c;  // {data, size} of the right size is written like the container
+    no_scores(c);
+    std::vector<float> lse2(c.lse.size() + 4, 7.0f);
+    c.opt.lse = {lse2.data() + 2, static_cast<index_t>(c.lse.size())};
+    posenc::attention<TestType>(c.qv, c.kv, c.vv, c.ov, posenc::none{}, c.opt);
+    CHECK(lse2[0] == 7.0f);
+    CHECK(lse2[1] == 7.0f);
+    CHECK(lse2[lse2.size() - 2] == 7.0f);
+    CHECK(lse2[lse2.size() - 1] == 7.0f);
+    for (std::size_t i = 2; i < lse2.size() - 2; ++i) CHECK(std::isfinite(lse2[i]));
+  }
+}
+
+TEST_CASE("multi_head_attention errors: a given lse beside the saved state has the saved lse's size", "[errors]") {
+  posenc::multi_head_attention<posenc::none, float> mha({8, 2, 1, 4, 4}, {});
+  std::vector<float> x = posenc_test::random_vector<float>(2 * 3 * 8, 4), y(2 * 3 * 8, 42.0f);
+  auto xv = posenc::make_bsd<const float>(x.data(), 2, 3, 8);
+  posenc::multi_head_attention<posenc::none, float>::saved s;
+  posenc::attention_options<float> opt;
+  std::vector<float> lse(2 * 2 * 3 - 1, 42.0f);
+  opt.lse = lse;
+  REQUIRE_THROWS_WITH(mha.forward(xv, posenc::make_bsd(y.data(), 2, 3, 8), opt, s),
+                      posenc_test::contains("posenc::multi_head_attention: opt.lse has 11 values, expected 12 "
+                                            "(batch x q_heads x seq)"));
+  for (float t : y) CHECK(t == 42.0f);
+  for (float t : lse) CHECK(t == 42.0f);
+  lse.push_back(42.0f);
+  opt.lse = lse;
+  mha.forward(xv, posenc::make_bsd(y.data(), 2, 3, 8), opt, s);
+  REQUIRE(s.lse.size() == lse.size());
+  for (std::size_t i = 0; i < lse.size(); ++i) CHECK(lse[i] == s.lse[i]);
 }

@@ -58,7 +58,7 @@ struct arena {
   t5_bias<float> enc{t5_bias_params{Hq, true, 8, 16}, 1u};
   t5_bias<float>::gradients g = enc.make_gradients();
   arena() {
-    opt.lse = buf.data() + ol;
+    opt.lse = {buf.data() + ol, B * Hq * Sq};
     opt.causal = true;
     attention<path::reference>(q, k, v, out, enc, opt);
   }
@@ -159,10 +159,21 @@ TEST_CASE("attention_backward: bad arguments throw, nothing written", "[errors][
     arena b;
     CHECK(b.run<posenc_test::lse_path>() == "<no error>");
   }
+  SECTION("an lse of another size") {
+    arena a;
+    a.opt.lse = {a.opt.lse.data(), 5};
+    CHECK(a.run() == "posenc::attention_backward: lse has 5 values, expected 6 (q.batch x q.heads x q.seq)");
+    CHECK(a.untouched);
+    arena b;
+    std::vector<float> empty;
+    b.opt.lse = empty;
+    CHECK(b.run() == "posenc::attention_backward: lse has 0 values, expected 6 (q.batch x q.heads x q.seq)");
+    CHECK(b.untouched);
+  }
   SECTION("a scores output") {
     arena a;
     std::vector<float> scores(64);
-    a.opt.scores = scores.data();
+    a.opt.scores = scores;
     CHECK(a.run() == "posenc::attention_backward: scores is set, expected null (the backward pass has no scores "
                      "output)");
     CHECK(a.untouched);
@@ -325,7 +336,7 @@ TEST_CASE("attention_backward: a Transformer-XL memory cut with an lse of other 
   auto atk = [&](std::vector<float>& x) { return make_bshd(x.data(), B, Sk, H, D); };
   attention_options<float> opt;
   opt.causal = true;
-  opt.lse = lse.data();
+  opt.lse = lse;
   attention<path::reference>(atq(q), atk(k), atk(v), atq(out), enc, opt);
   auto g = enc.make_gradients();
   attention_options<float> other = opt;
@@ -393,4 +404,32 @@ TEST_CASE("encoder gradients: operator+= of another shape throws before adding a
     CHECK(g.get<0>().table.minCoeff() == 1.0f);
     CHECK(g.get<0>().table.maxCoeff() == 1.0f);
   }
+}
+
+TEMPLATE_TEST_CASE("attention_backward with named tensors: the positional call's results and checks", "[errors][backward]",
+                   path::reference, path::fused) {
+  arena a, b;
+  auto const named = [](arena& x) {
+    backward_inputs<float> in;
+    in.q = x.q;
+    in.k = x.k;
+    in.v = x.v;
+    in.out = x.out;
+    in.dout = x.dout;
+    backward_outputs<float> d;
+    d.dq = x.dq;
+    d.dk = x.dk;
+    d.dv = x.dv;
+    return posenc_test::error_of([&] { attention_backward<TestType>(in, d, x.enc, x.opt, x.g); });
+  };
+  CHECK(a.template run<TestType>() == "<no error>");
+  CHECK(named(b) == "<no error>");
+  CHECK(std::memcmp(a.buf.data(), b.buf.data(), a.buf.size() * sizeof(float)) == 0);  // dq, dk, dv bit for bit
+  CHECK(a.g.table == b.g.table);
+  // A shape mistake is named as in the positional form, before anything is written.
+  arena c;
+  c.dout.seq = 2;
+  c.before = c.buf;
+  CHECK(named(c) == "posenc::attention_backward: dout.seq is 2, expected 3 (out.seq)");
+  CHECK(std::memcmp(c.buf.data(), c.before.data(), c.buf.size() * sizeof(float)) == 0);
 }

@@ -97,7 +97,7 @@ TEST_CASE("multi_head_attention::backward rejects bad input before writing anyth
   // Options attention_backward rejects (a scores output) throw before dx or g is touched.
   attention_options<double> opt;
   std::vector<double> scores(static_cast<std::size_t>(p.B * 4 * p.S * p.S));
-  opt.scores = scores.data();
+  opt.scores = scores;
   REQUIRE_THROWS_WITH(layer.backward(tv(p.x, p.S), tv(p.r, p.S), tv(dx, p.S), s, g, opt),
                       posenc_test::contains("scores is set, expected null"));
   untouched();

@@ -144,7 +144,7 @@ TEST_CASE("sizes that overflow index_t are rejected before any allocation", "[er
           c.kv = posenc::view<const float>{nullptr, 2, index_t{1} << 31, 2, 0, 0, 0, 0, 1};
           c.vv = posenc::view<const float>{nullptr, 2, index_t{1} << 31, 2, 0, 0, 0, 0, 1};
           c.ov = posenc::view<float>{nullptr, 2, index_t{1} << 31, 2, 0, 0, 0, 0, 1};
-          c.opt.scores = scores.data();
+          c.opt.scores = scores;
         },
         "scores size q.batch x q.heads x q.seq x k.seq is 8589934592 x 2147483648");
   }

@@ -31,7 +31,7 @@ struct packed_call {
   posenc::view<float> vv = posenc::make_bshd(v.data(), 1, 8, 1, 4);
   posenc::view<float> ov = posenc::make_bshd(out.data(), 1, 5, 2, 4);
   posenc::attention_options<float> opt;
-  packed_call() { opt.lse = lse.data(); }
+  packed_call() { opt.lse = lse; }
   posenc::packed_sequences seqs() const { return {cu_q, cu_k}; }
   bool untouched() const {
     for (float x : out)
@@ -98,7 +98,9 @@ void check_every_error() {
   expect_error<Path>(
       [](packed_call& c) { c.opt.mask = posenc::make_mask<float>(c.mask.data(), 3, 1, 1, 8); },
       w + "mask.batch is 3, expected 1 or 1");
-  expect_error<Path>([](packed_call& c) { c.opt.lse = c.q.data() + 3; }, w + "lse is at bytes");
+  expect_error<Path>([](packed_call& c) { c.opt.lse = {c.q.data() + 3, 2 * 5}; }, w + "lse is at bytes");
+  expect_error<Path>([](packed_call& c) { c.opt.lse = {c.lse.data(), 9}; },
+                     w + "lse has 9 values, expected 10 (q.heads x q.seq)");
   // Out of one sequence over the queries of another: caught over the whole packed buffers.
   expect_error<Path>(
       [](packed_call& c) {
@@ -118,8 +120,12 @@ void check_every_error() {
       posenc::alibi<float>(posenc::alibi_form::paper, 2));
   // The fused path has no scores output: said before any sequence runs.
   if constexpr (std::is_same_v<Path, posenc::path::fused>) {
-    std::vector<float> scores(64, 42.0f);
-    expect_error<Path>([&](packed_call& c) { c.opt.scores = scores.data(); }, "scores is set, expected null");
+    std::vector<float> scores(2 * (2 * 3 + 0 * 2 + 3 * 3), 42.0f);  // q.heads x Sq x Sk per sequence
+    expect_error<Path>([&](packed_call& c) { c.opt.scores = scores; }, "scores is set, expected null");
+  } else {
+    std::vector<float> scores(2 * (2 * 3 + 0 * 2 + 3 * 3) - 1, 42.0f);
+    expect_error<Path>([&](packed_call& c) { c.opt.scores = scores; },
+                       w + "scores has 29 values, expected 30 (the sum over sequences of q.heads x Sq x Sk)");
   }
 }
 

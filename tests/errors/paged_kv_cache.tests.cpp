@@ -5,6 +5,8 @@
 #include <posenc/encoding/none.hpp>
 #include <posenc/encoding/rope.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -174,8 +176,20 @@ TEST_CASE("attention over a paged_kv_cache: bad ids and contradicting options th
   REQUIRE_THROWS_WITH(run(opt, posenc::none{}), contains("k_positions is set, expected unset"));
   opt = {};
   std::vector<float> scores(100);
-  opt.scores = scores.data();
+  opt.scores = scores;
   REQUIRE_THROWS_WITH(run(opt, posenc::none{}), contains("scores is set, expected null"));
+  opt = {};
+  std::vector<float> lse(2 * Hq + 1, 42.0f);  // (entries, Hq, Sq) is 8 values
+  opt.lse = lse;
+  REQUIRE_THROWS_WITH(run(opt, posenc::none{}), contains("posenc::attention: lse has 9 values, expected 8 "
+                                                         "(seq_ids.size() x q.heads x q.seq)"));
+  for (float x : out) CHECK(x == 42.0f);
+  for (float x : lse) CHECK(x == 42.0f);
+  lse.pop_back();
+  opt.lse = lse;
+  run(opt, posenc::none{});
+  for (float x : lse) CHECK(std::isfinite(x));
+  std::fill(out.begin(), out.end(), 42.0f);
   opt = {};
   std::vector<float> mask(3 * Hq * 5);
   opt.mask = posenc::make_mask<float>(mask.data(), 3, Hq, 1, 5);

@@ -86,7 +86,7 @@ TEST_CASE("errors: transformer_xl in attention, nothing written", "[errors][tran
   auto const cut = posenc_test::random_transformer_xl<float>(H, D, 6, Sk, 2, 2);
   std::vector<float> scores(static_cast<std::size_t>(B * H * Sq * Sk), 5.0f);
   posenc::attention_options<float> so = opt;
-  so.scores = scores.data();
+  so.scores = scores;
   REQUIRE_THROWS_WITH(posenc::attention<posenc::path::materialized>(bf.qv(), bf.kv(), bf.vv(), outv, cut, so),
                       contains("scores is set with a memory of 5 keys, expected null (the encoder's memory_length() "
                                "is 2"));
@@ -118,7 +118,7 @@ fview rows_of(std::vector<float> const& x, index_t first, index_t n, index_t hea
 template <class Path, class E>
 std::vector<float> direct(fview q, fview k, fview v, E const& enc, posenc::attention_options<float> opt) {
   std::vector<float> out(static_cast<std::size_t>(q.seq * cH * cD), -7.0f), lse(static_cast<std::size_t>(cH * q.seq));
-  opt.lse = lse.data();
+  opt.lse = lse;
   posenc::attention<Path>(q, k, v, posenc::make_bshd(out.data(), 1, q.seq, cH, cD), enc, opt);
   out.insert(out.end(), lse.begin(), lse.end());
   return out;
@@ -150,7 +150,7 @@ void check_memory_cut_call_forms() {
       std::vector<float> out(static_cast<std::size_t>(q.seq * cH * cD), -7.0f),
           lse(static_cast<std::size_t>(cH * q.seq));
       posenc::attention_options<float> o = opt;
-      o.lse = lse.data();
+      o.lse = lse;
       posenc::attention<Path>(q, cache, posenc::make_bshd(out.data(), 1, q.seq, cH, cD), enc, o);
       out.insert(out.end(), lse.begin(), lse.end());
       return out;
@@ -166,7 +166,7 @@ void check_memory_cut_call_forms() {
       std::vector<float> out(static_cast<std::size_t>(q.seq * cH * cD), -7.0f),
           lse(static_cast<std::size_t>(cH * q.seq));
       posenc::attention_options<float> o = opt;
-      o.lse = lse.data();
+      o.lse = lse;
       posenc::attention<Path>(q, pages, posenc::span<const index_t>(&id, 1),
                               posenc::make_bshd(out.data(), 1, q.seq, cH, cD), enc, o);
       out.insert(out.end(), lse.begin(), lse.end());
@@ -184,7 +184,7 @@ void check_memory_cut_call_forms() {
     std::vector<float> out2(static_cast<std::size_t>(2 * cSq * cH * cD), -7.0f),
         lse2(static_cast<std::size_t>(cH * 2 * cSq));
     posenc::attention_options<float> o2 = opt;
-    o2.lse = lse2.data();
+    o2.lse = lse2;
     posenc::attention<Path>(rows_of(q2, 0, 2 * cSq, cH), rows_of(k2, 0, 2 * cSk, cHkv), rows_of(v2, 0, 2 * cSk, cHkv),
                             posenc::make_bshd(out2.data(), 1, 2 * cSq, cH, cD), posenc::packed_sequences{cu_q, cu_k},
                             enc, o2);

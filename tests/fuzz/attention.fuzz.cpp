@@ -9,6 +9,7 @@
 #include <posenc/encoding/rope.hpp>
 #include <posenc/encoding/shaw.hpp>
 #include <posenc/encoding/t5_bias.hpp>
+#include <posenc/encoding/transformer_xl.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -187,9 +188,9 @@ bool run(config const& c, E const& enc, outputs& r, bool clean = false, float* s
   r.out.assign(static_cast<std::size_t>(c.B * c.Sq * c.Hq * c.Dv), sentinel);
   r.lse.assign(static_cast<std::size_t>(c.B * c.Hq * c.Sq), sentinel);
   posenc::attention_options<float> o = c.opt;
-  if (c.want_lse) o.lse = r.lse.data();
+  if (c.want_lse) o.lse = r.lse;
   if (scores) {
-    o.scores = scores;
+    o.scores = {scores, c.B * c.Hq * c.Sq * c.Sk};
     o.scores_stage = stage;
   }
   try {
@@ -261,6 +262,36 @@ void explain(config const& c, std::vector<float> const& scores, index_t b, index
   }
 }
 
+/// |q_i + u_h|: the query Transformer-XL's kernels multiply (content_bias shifts it by u_h).
+double shifted_norm(config const& c, posenc::transformer_xl<float> const& enc, index_t b, index_t i, index_t h) {
+  float const* u = enc.content_bias(h);
+  double n = 0;
+  for (index_t d = 0; d < c.D; ++d) {
+    double const x = double(c.qcv(b, i, h, d)) + double(u[d]);
+    n += x * x;
+  }
+  return std::sqrt(n);
+}
+
+/// max_d |R_h(d)| over the encoder's table.
+double max_r_norm(posenc::transformer_xl<float> const& enc, index_t h) {
+  double best = 0;
+  for (index_t d = -enc.distance_limit(); d <= enc.distance_limit(); ++d) {
+    double n = 0;
+    for (index_t t = 0; t < enc.head_dim(); ++t) n += double(enc.relative_key(h, d, t)) * double(enc.relative_key(h, d, t));
+    best = std::max(best, std::sqrt(n));
+  }
+  return best;
+}
+
+/// max_d |(v_h - u_h) . R_h(d)|, the per-distance term the kernels add as one rounded float.
+double max_c(posenc::transformer_xl<float> const& enc, index_t h) {
+  double best = 0;
+  for (index_t d = -enc.distance_limit(); d <= enc.distance_limit(); ++d)
+    best = std::max(best, std::abs(double(enc.position_bias(h, d))));
+  return best;
+}
+
 template <class E>
 void check(config const& c, E const& enc) {
   outputs ref, plain, mat, fus;
@@ -315,6 +346,16 @@ void check(config const& c, E const& enc) {
       return std::sqrt(n);
     };
     index_t const group = c.Hq / c.Hkv;
+    std::vector<double> xl_q, xl_r, xl_c;  // Transformer-XL: |q + u| per row, max |R_h|, max |c_h| per head
+    if constexpr (std::is_same_v<E, posenc::transformer_xl<float>>) {
+      for (index_t b = 0; b < c.B; ++b)
+        for (index_t h = 0; h < c.Hq; ++h)
+          for (index_t i = 0; i < c.Sq; ++i) xl_q.push_back(shifted_norm(c, enc, b, i, h));
+      for (index_t h = 0; h < c.Hq; ++h) {
+        xl_r.push_back(max_r_norm(enc, h));
+        xl_c.push_back(max_c(enc, h));
+      }
+    }
     for (index_t b = 0; b < c.B; ++b)
       for (index_t h = 0; h < c.Hq; ++h)
         for (index_t i = 0; i < c.Sq; ++i) {
@@ -323,6 +364,13 @@ void check(config const& c, E const& enc) {
             auto const at = static_cast<std::size_t>(((b * c.Hq + h) * c.Sq + i) * c.Sk + j);
             if (!std::isfinite(scores[at])) continue;
             double e = scale * gamma * nq * norm(c.kcv, b, j, h / group);
+            if constexpr (std::is_same_v<E, posenc::transformer_xl<float>>) {
+              // Transformer-XL sums (q + u) . k and (q + u) . R(d) in float, plus (v - u) . R(d)
+              // rounded once: the same first-order error with the shifted query, and max |R| for |k|.
+              e = scale * (gamma * xl_q[static_cast<std::size_t>((b * c.Hq + h) * c.Sq + i)] *
+                               (norm(c.kcv, b, j, h / group) + xl_r[static_cast<std::size_t>(h)]) +
+                           (std::numeric_limits<float>::epsilon() / 2) * xl_c[static_cast<std::size_t>(h)]);
+            }
             if (capped) {
               double const ch = std::cosh(double(raw[at]) / c.opt.softcap);
               e = std::isfinite(ch) ? e / (ch * ch) : 0.0;
@@ -400,6 +448,27 @@ void check(config const& c, E const& enc) {
   }
 }
 
+/// Transformer-XL with seeded u, v (heads, head_dim) and W_R (heads x head_dim, an even pos_dim),
+/// a distance limit that the call's positions may exceed (a rejection every path must share)
+/// and sometimes a memory length that cuts the keys before the queries.
+posenc::transformer_xl<float> make_transformer_xl(fuzz_input& in, config const& c) {
+  index_t const m = 2 * in.range(1, 8);
+  index_t const limit = in.coin() ? in.range(0, 12) : in.range(100, 240);
+  index_t const memory = in.coin() ? 0 : in.range(1, 40);
+  std::uint64_t st = in.word() | 1;
+  auto table = [&](index_t rows, index_t cols) {
+    posenc::relative_table<float> t(rows, cols);
+    for (index_t r = 0; r < rows; ++r)
+      for (index_t q = 0; q < cols; ++q) {
+        st ^= st << 13, st ^= st >> 7, st ^= st << 17;
+        t(r, q) = static_cast<float>(static_cast<double>(st >> 11) / 9007199254740992.0 - 0.5);
+      }
+    return t;
+  };
+  auto const u = table(c.Hq, c.D), v = table(c.Hq, c.D), w = table(c.Hq * c.D, m);
+  return posenc::transformer_xl<float>(limit, u, v, w, memory);
+}
+
 posenc::rope<float> make_rope(fuzz_input& in, config const& c) {
   posenc::rope_options o;
   if (in.below(4) == 0) o.rotary_dim = 2 * in.range(1, c.D / 2 > 0 ? c.D / 2 : 1);
@@ -438,7 +507,14 @@ extern "C" int LLVMFuzzerTestOneInput(std::uint8_t const* data, std::size_t size
   fuzz_input in(data, size);
   config const c(in);
   try {
-    switch (in.below(8)) {
+    // One byte picks the encoder: 248 and above Transformer-XL, else byte % 8 as before (the
+    // saved inputs keep their encoder).
+    std::uint8_t const pick = in.byte();
+    if (pick >= 248) {
+      check(c, make_transformer_xl(in, c));
+      return 0;
+    }
+    switch (pick % 8) {
       case 0: check(c, posenc::none{}); break;
       case 1: check(c, make_rope(in, c)); break;
       case 2: check(c, make_alibi(in, c)); break;

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// Transformer-XL attention against golden values from tests/golden/gen_transformer_xl.py (numpy, HF TransfoXL formulas).
+// Transformer-XL attention against golden values from tests/golden/gen_transformer_xl.py (numpy, HF TransfoXL).
 #include <posenc/attention/attention.hpp>
 #include <posenc/encoding/transformer_xl.hpp>
 
@@ -51,7 +51,7 @@ void check_case(std::string const& c) {
   bool const with_scores = std::is_same_v<Path, posenc::path::materialized> && kept == Sk;
   if (with_scores) {
     scores.assign(static_cast<std::size_t>(B * H * Sq * Sk), T(0));
-    opt.scores = scores.data();
+    opt.scores = scores;
     opt.scores_stage = posenc::score_stage::biased;
   }
   posenc::attention<Path>(posenc::make_bshd(q.data(), B, Sq, H, D), posenc::make_bshd(k.data(), B, Sk, H, D),
@@ -114,4 +114,68 @@ TEMPLATE_TEST_CASE("golden: Transformer-XL position table R_h(d) = W_R PE(d)", "
     s /= std::sqrt(static_cast<double>(D));
     CHECK(std::abs(s - ws[static_cast<std::size_t>(h * Sq * Sq)]) <= tol);
   }
+}
+
+namespace {
+
+// Case "rtab": the model's R for the distances klen - 1 down to 0 (r_head_k,
+// no W_R) given by distance to from_distances: reversed into rows limit ..
+// 2 limit, zeros for the negative distances (causal: never read).
+template <class Path, class T>
+void check_r_case(std::string const& c) {
+  auto const& sh = rec(c + "_shape");
+  index_t const B = static_cast<index_t>(sh[0]), Sq = static_cast<index_t>(sh[1]), mem = static_cast<index_t>(sh[2]),
+                H = static_cast<index_t>(sh[3]), D = static_cast<index_t>(sh[4]);
+  REQUIRE(sh[5] == 0.0);  // no d_model: R is given
+  index_t const Sk = mem + Sq, limit = Sk - 1;
+  auto const r_head_k = table_of<T>(c + "_r", Sk, H * D);
+  posenc::relative_table<T> r = posenc::relative_table<T>::Zero(2 * limit + 1, H * D);
+  r.bottomRows(Sk) = r_head_k.colwise().reverse();
+  auto const enc = posenc::transformer_xl<T>::from_distances(limit, table_of<T>(c + "_u", H, D),
+                                                             table_of<T>(c + "_vb", H, D), r);
+  auto const q = values_of<T>(c + "_q");
+  auto const k = values_of<T>(c + "_k");
+  auto const v = values_of<T>(c + "_v");
+  std::vector<T> out(static_cast<std::size_t>(B * Sq * H * D), T(-7));
+  posenc::attention_options<T> opt;
+  opt.causal = true;
+  std::vector<T> scores;
+  bool const with_scores = std::is_same_v<Path, posenc::path::materialized>;
+  if (with_scores) {
+    scores.assign(static_cast<std::size_t>(B * H * Sq * Sk), T(0));
+    opt.scores = scores;
+    opt.scores_stage = posenc::score_stage::biased;
+  }
+  posenc::attention<Path>(posenc::make_bshd(q.data(), B, Sq, H, D), posenc::make_bshd(k.data(), B, Sk, H, D),
+                          posenc::make_bshd(v.data(), B, Sk, H, D), posenc::make_bshd(out.data(), B, Sq, H, D), enc,
+                          opt);
+  // As check_case: sums of <= 20 products of values of size ~1 and a softmax, in T.
+  double const tol = std::is_same_v<T, float> ? 2e-5 : 1e-12;
+  auto const& want = rec(c + "_out");
+  REQUIRE(want.size() == out.size());
+  for (std::size_t t = 0; t < out.size(); ++t) {
+    INFO(c << " out[" << t << "] = " << out[t] << ", expected " << want[t]);
+    CHECK(std::abs(static_cast<double>(out[t]) - want[t]) <= tol);
+  }
+  if (with_scores) {
+    auto const& ws = rec(c + "_scores");
+    REQUIRE(ws.size() == scores.size());
+    for (std::size_t t = 0; t < scores.size(); ++t) {
+      INFO(c << " scores[" << t << "] = " << scores[t] << ", expected " << ws[t]);
+      if (std::isinf(ws[t]))
+        CHECK(static_cast<double>(scores[t]) == ws[t]);
+      else
+        CHECK(std::abs(static_cast<double>(scores[t]) - ws[t]) <= tol);
+    }
+  }
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("golden: Transformer-XL from R by distance (HF's r_head_k, no W_R)", "[golden][transformer_xl]",
+                   float, double) {
+  using T = TestType;
+  SECTION("reference") { check_r_case<posenc::path::reference, T>("rtab"); }
+  SECTION("materialized") { check_r_case<posenc::path::materialized, T>("rtab"); }
+  SECTION("fused") { check_r_case<posenc::path::fused, T>("rtab"); }
 }

@@ -3,6 +3,7 @@
 #include <posenc/posenc.hpp>
 
 #include <cstdio>
+#include <string>
 #include <vector>
 
 int main() {
@@ -42,6 +43,24 @@ int main() {
       if (o1[i] - o2[i] > 1e-5f || o2[i] - o1[i] > 1e-5f) return 3;
     std::printf("posenc::compiled runs its %s kernels (%s)\n", posenc::compiled::isa().c_str(),
                 posenc::compiled::arch().c_str());
+#ifdef CONSUMER_COMPILED_LEVELS
+    // A library built with some levels: it runs the highest it holds, offers only those, and
+    // rejects a level it does not hold by name.
+    std::string const held = std::string(",") + CONSUMER_COMPILED_LEVELS + ",";
+    for (std::string const& l : posenc::compiled::isas())
+      if (held.find("," + l + ",") == std::string::npos) return 4;
+    if (posenc::compiled::isa() != posenc::compiled::isas().back()) return 5;
+    for (char const* l : {"avx2", "avx512", "avx512_bf16"}) {
+      if (held.find(std::string(",") + l + ",") != std::string::npos) continue;
+      try {
+        posenc::compiled::set_isa(l);
+        return 6;
+      } catch (posenc::error const& e) {
+        if (std::string(e.what()).find("expected a level the library holds") == std::string::npos) return 7;
+      }
+    }
+    std::printf("posenc::compiled holds %s\n", CONSUMER_COMPILED_LEVELS);
+#endif
   }
 #endif
   std::printf("posenc %s on %s ok\n", posenc::version_string(), posenc::simd::arch_name());

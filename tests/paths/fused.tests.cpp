@@ -73,7 +73,7 @@ std::vector<T> run(buffers<T>& bf, E const& enc, posenc::attention_options<T> op
   shape const& s = bf.s;
   std::vector<T> out(static_cast<std::size_t>(bf.extent(s.Sq, s.Hq, s.Dv)), T(-7));
   std::vector<T> lse(static_cast<std::size_t>(s.B * s.Hq * s.Sq), T(-7));
-  opt.lse = lse.data();
+  opt.lse = lse;
   posenc::attention<Path>(bf.qv(), bf.kv(), bf.vv(), bf.template make<T>(out.data(), s.Sq, s.Hq, s.Dv), enc, opt);
   out.insert(out.end(), lse.begin(), lse.end());
   return out;
@@ -508,7 +508,7 @@ TEST_CASE("fused and path::best reject the scores output before any write; path:
   buffers<float> bf(s, 9);
   std::vector<float> scores(16, 0.0f), out(32, -7.0f);
   posenc::attention_options<float> opt;
-  opt.scores = scores.data();
+  opt.scores = scores;
   auto ov = posenc::make_bshd(out.data(), 1, 4, 1, 8);
   REQUIRE_THROWS_WITH(posenc::attention<posenc::path::fused>(bf.qv(), bf.kv(), bf.vv(), ov, posenc::none{}, opt),
                       posenc_test::contains("scores"));

@@ -105,7 +105,7 @@ std::size_t mask16_gradient_mismatches(E const& enc, G const& g0, bool causal, i
   attention_options<float> o = p.opt;
   o.mask = make_mask(static_cast<float const*>(m32.data()), 2, 1, 9, mk);
   p.lse.assign(static_cast<std::size_t>(2 * 4 * 9), 0.0f);
-  o.lse = p.lse.data();
+  o.lse = p.lse;
   attention<path::reference>(p.vq(), p.vk(), p.vv(), p.vout(), enc, o);  // out and lse of the masked forward
   if (!with_lse) o.lse = nullptr;
   auto grads = [&](bool half) {
@@ -408,7 +408,7 @@ TEST_CASE("fused backward: no allocation grows with Sq x Sk", "[fused][backward]
     p.opt.threads = 2;
     p.lse.assign(static_cast<std::size_t>(2 * S), 0.0f);
     attention_options<float> o = p.opt;
-    o.lse = p.lse.data();
+    o.lse = p.lse;
     attention<path::fused>(p.vq(), p.vk(), p.vv(), p.vout(), enc, o);
     if (!with_lse) o.lse = nullptr;
     auto g = enc.make_gradients(true);

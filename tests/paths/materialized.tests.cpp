@@ -126,11 +126,11 @@ struct random_case {
     posenc::attention_options<float> o = opt;
     if (want_lse) {
       r.lse.assign(static_cast<std::size_t>(B * Hq * Sq), std::nanf(""));
-      o.lse = r.lse.data();
+      o.lse = r.lse;
     }
     if (want_scores) {
       r.scores.assign(static_cast<std::size_t>(B * Hq * Sq * Sk), std::nanf(""));
-      o.scores = r.scores.data();
+      o.scores = r.scores;
     }
     posenc::attention<Path>(q, k, v, posenc::make_bshd(r.out.data(), B, Sq, Hq, Dv), enc, o);
     return r;

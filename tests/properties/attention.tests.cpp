@@ -290,11 +290,11 @@ TEMPLATE_TEST_CASE("property 7: merging two key halves with their log-sum-exp", 
     posenc::attention_options<double> opt;
     opt.causal = causal;
     opt.q_positions = posenc::position_span(Sk - Sq);
-    opt.lse = lse_all.data();
+    opt.lse = lse_all;
     auto const f = all.template run<TestType>(enc, opt);
-    opt.lse = lse_lo.data();
+    opt.lse = lse_lo;
     auto const a = lo.template run<TestType>(enc, opt);
-    opt.lse = lse_hi.data();
+    opt.lse = lse_hi;
     opt.k_positions = posenc::position_span(half);
     auto const c = hi.template run<TestType>(enc, opt);
     double e = 0, el = 0;

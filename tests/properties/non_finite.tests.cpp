@@ -67,7 +67,7 @@ struct problem {
     opt.causal = causal;
     opt.softcap = softcap;
     opt.threads = threads;
-    opt.lse = r.lse.data();
+    opt.lse = r.lse;
     if (any_hidden) opt.bool_mask = posenc::make_mask<bool>(mask.get(), B, Hq, Sq, Sk);
     posenc::attention<Path>(posenc::make_bshd(in.q.data(), B, Sq, Hq, D), posenc::make_bshd(in.k.data(), B, Sk, Hkv, D),
                             posenc::make_bshd(in.v.data(), B, Sk, Hkv, D), posenc::make_bshd(r.out.data(), B, Sq, Hq, D),

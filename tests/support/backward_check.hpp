@@ -108,7 +108,7 @@ struct attention_problem {
   void gradients(E const& enc, posenc::encoder_gradients_t<E>& g, bool with_lse = false) {
     posenc::attention_options<T> o = opt;
     lse.assign(static_cast<std::size_t>(B * Hq * Sq), T(0));
-    o.lse = with_lse ? lse.data() : nullptr;
+    o.lse = with_lse ? posenc::output_span<T>(lse) : posenc::output_span<T>();
     posenc::attention<posenc::path::reference>(vq(), vk(), vv(), vout(), enc, o);
     posenc::attention_backward<Path>(vq(), vk(), vv(), vout(), vdout(), vdq(), vdk(), vdv(), enc, o, g);
   }

@@ -54,7 +54,7 @@ struct txl_buffers {
   std::vector<T> run(E const& enc, posenc::attention_options<T> opt) const {
     std::vector<T> out(static_cast<std::size_t>(B * Sq * Hq * D), T(-7));
     std::vector<T> lse(static_cast<std::size_t>(B * Hq * Sq), T(-7));
-    opt.lse = lse.data();
+    opt.lse = lse;
     posenc::attention<Path>(qv(), kv(), vv(), posenc::make_bshd(out.data(), B, Sq, Hq, D), enc, opt);
     out.insert(out.end(), lse.begin(), lse.end());
     return out;

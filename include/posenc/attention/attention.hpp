@@ -169,7 +169,7 @@ void run_attention_here(view<const Q> q, view<const KV> k, view<const KV> v, vie
     if (M > 0 && k.seq - q.seq > M) {
       validate(q, k, v, out, enc, opt);  // the call as given, before anything is read past it
       check_half_masks("posenc::attention", masks16, q, k, out, opt);
-      require(opt.scores == nullptr, "posenc::attention", "scores is set with a memory of ", k.seq - q.seq,
+      require(!opt.scores, "posenc::attention", "scores is set with a memory of ", k.seq - q.seq,
               " keys, expected null (the encoder's memory_length() is ", M,
               ": the memory is cut, so no scores column belongs to the first ", k.seq - q.seq - M, " keys)");
       memory_cut<T, KV> const c(q, k, v, opt, k.seq - q.seq - M);
@@ -213,7 +213,7 @@ void run_attention_here(view<const Q> q, view<const KV> k, view<const KV> v, vie
               "float32 on this path (bfloat16 products run on path::fused and path::best)");
     }
     if constexpr (!K::provides_scores) {
-      require(opt.scores == nullptr, "posenc::attention", "scores is set, expected null (path::fused and "
+      require(!opt.scores, "posenc::attention", "scores is set, expected null (path::fused and "
               "path::best do not produce the scores output; use path::materialized or path::reference)");
     }
     if (plan.batch == 0 || plan.q_len == 0 || plan.q_heads == 0) return;  // nothing to write

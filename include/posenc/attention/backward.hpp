@@ -79,6 +79,7 @@ void run_attention_backward_here(view<const T> q, view<const T> k, view<const T>
   using P = typename backward_path<Path, E>::type;
   using K = backward_kernel<P>;
   char const* const w = "posenc::attention_backward";
+  require(!opt.scores, w, "scores is set, expected null (the backward pass has no scores output)");
   // make_plan validates the forward arguments; out is only read (const_cast for the shared check).
   view<T> const out_checked{const_cast<T*>(out.data), out.batch,        out.seq,        out.heads,      out.dim,
                             out.batch_stride,         out.seq_stride,   out.head_stride, out.dim_stride};
@@ -89,7 +90,7 @@ void run_attention_backward_here(view<const T> q, view<const T> k, view<const T>
   check_mask(w, "mask (16-bit)", masks16.bfloat16, q.batch, q.heads, q.seq, k.seq);
   validate_backward(w, q, k, v, out, dout, dq, dk, dv, enc, opt, grads, K::needs_lse, masks16);
   set_half_masks(plan, masks16);
-  plan.lse = opt.lse;  // an input here: the forward pass's log-sum-exp
+  plan.lse = opt.lse.data();  // an input here: the forward pass's log-sum-exp
 
   if constexpr (has_memory_length<E>::value) {
     // The forward pass cut a memory longer than the encoder's M keys to its
@@ -278,6 +279,48 @@ void attention_backward(view<const detail::identity_t<T>> q, view<const detail::
                         mask_view<M> const& mask16, encoder_gradients_t<E>& grads) {
   detail::checked_attention_backward<Path, T>(q, k, v, out, dout, dq, dk, dv, enc, opt, detail::half_masks_of(mask16),
                                               grads);
+}
+
+/// The tensors attention_backward reads, by name: the forward pass's q, k,
+/// v and output `out`, and `dout`, the gradient of the loss with respect to
+/// out (its shape). Naming them at the call site keeps `out` and `dout`, or
+/// k and v, from trading places unnoticed.
+template <class T>
+struct backward_inputs {
+  view<const T> q, k, v, out, dout;
+};
+
+/// The gradients attention_backward writes, by name: dq, dk, dv, the shapes
+/// of q, k, v. Written, never added into; only the encoder's parameter
+/// gradients (`grads`) are added into (docs/backward.md states the rule).
+template <class T>
+struct backward_outputs {
+  view<T> dq, dk, dv;
+};
+
+/// attention_backward with its tensors named:
+///
+///     posenc::backward_inputs<float> in;
+///     in.q = q; in.k = k; in.v = v; in.out = out; in.dout = dout;
+///     posenc::backward_outputs<float> d;
+///     d.dq = dq; d.dk = dk; d.dv = dv;
+///     posenc::attention_backward<posenc::path::best>(in, d, enc, opt, grads);
+///
+/// The same call, checks and results as the positional form above.
+template <class Path = path::best, class T, class E>
+void attention_backward(backward_inputs<T> const& in, backward_outputs<T> const& d, E const& enc,
+                        attention_options<detail::identity_t<T>> const& opt, encoder_gradients_t<E>& grads) {
+  detail::checked_attention_backward<Path, T>(in.q, in.k, in.v, in.out, in.dout, d.dq, d.dk, d.dv, enc, opt, {},
+                                              grads);
+}
+
+/// The named form with the forward pass's 16-bit additive mask (see above).
+template <class Path = path::best, class T, class E, class M, std::enable_if_t<is_half_storage_v<M>, int> = 0>
+void attention_backward(backward_inputs<T> const& in, backward_outputs<T> const& d, E const& enc,
+                        attention_options<detail::identity_t<T>> const& opt, mask_view<M> const& mask16,
+                        encoder_gradients_t<E>& grads) {
+  detail::checked_attention_backward<Path, T>(in.q, in.k, in.v, in.out, in.dout, d.dq, d.dk, d.dv, enc, opt,
+                                              detail::half_masks_of(mask16), grads);
 }
 
 }  // namespace posenc

@@ -301,7 +301,7 @@ class multi_head_attention {
     position_span const pos = opt.q_positions ? *opt.q_positions : position_span(0);
     opt.q_positions = pos;
     if (!opt.k_positions) opt.k_positions = pos;
-    opt.lse = const_cast<T*>(s.lse.data());  // read only by attention_backward
+    opt.lse = {const_cast<T*>(s.lse.data()), lse_n};  // read only by attention_backward
     matrix const X = pack(x), DY = pack(dy);
     matrix DO(N, cols[3]);
     if (N > 0) DO.noalias() = DY * weight(3);
@@ -422,10 +422,13 @@ class multi_head_attention {
     matrix Q = project(X, 0), K = project(X, 1), V = project(X, 2);
     matrix O(B * S, cfg_.q_heads * cfg_.value_dim);
     std::vector<T> lse;
-    T* const user_lse = opt.lse;
+    output_span<T> const user_lse = opt.lse;
     if (s) {
+      // The call writes the saved lse; a given opt.lse receives a copy, checked first.
+      detail::check_output_span("posenc::multi_head_attention", "opt.lse", user_lse, B * cfg_.q_heads * S,
+                                "batch x q_heads x seq");
       lse.assign(static_cast<std::size_t>(B * cfg_.q_heads * S), T(0));
-      opt.lse = lse.data();
+      opt.lse = lse;
     }
     posenc::attention<Path, T>(make_bshd<const T>(Q.data(), B, S, cfg_.q_heads, cfg_.head_dim),
                                make_bshd<const T>(K.data(), B, S, cfg_.kv_heads, cfg_.head_dim),
@@ -433,7 +436,7 @@ class multi_head_attention {
                                make_bshd<T>(O.data(), B, S, cfg_.q_heads, cfg_.value_dim), enc_, opt);
     write_out(O, y);
     if (s) {
-      if (user_lse) std::copy(lse.begin(), lse.end(), user_lse);
+      if (user_lse) std::copy(lse.begin(), lse.end(), user_lse.data());
       s->q = std::move(Q);
       s->k = std::move(K);
       s->v = std::move(V);

@@ -2,7 +2,10 @@
 // attention_options<T>, path tags and mask views: what every attention path accepts.
 #pragma once
 
+#include <cstddef>
 #include <optional>
+#include <type_traits>
+#include <utility>
 
 #include "posenc/core/checked.hpp"
 #include "posenc/core/positions.hpp"
@@ -97,6 +100,59 @@ mask_view<T> make_mask(T const* data, index_t batch, index_t heads, index_t q, i
           row_stride};
 }
 
+/// An optional output buffer that knows its size: `attention_options::lse`
+/// and `scores`. Not given by default (or from nullptr); given from
+/// (data, size) or from a contiguous container such as std::vector<T> (its
+/// data() and size()). A given buffer must have exactly the size of the output
+/// it receives, checked before anything is written, like every other
+/// argument. A raw pointer alone does not convert: its size cannot be checked.
+template <class T>
+class output_span {
+ public:
+  constexpr output_span() noexcept = default;
+  constexpr output_span(std::nullptr_t) noexcept {}  // NOLINT: not given
+  constexpr output_span(T* data, index_t size) noexcept : data_(data), size_(size), given_(true) {}
+  constexpr output_span(span<T> s) noexcept : data_(s.data()), size_(s.size()), given_(true) {}  // NOLINT
+  template <class C, class = std::enable_if_t<!std::is_same_v<std::decay_t<C>, output_span> &&
+                                              std::is_convertible_v<decltype(std::declval<C&>().data()), T*> &&
+                                              std::is_integral_v<decltype(std::declval<C&>().size())>>>
+  output_span(C& c) noexcept  // NOLINT: implicit on purpose (a std::vector, an aligned_buffer)
+      : data_(c.data()), size_(static_cast<index_t>(c.size())), given_(true) {}
+  /// A raw pointer carries no size: give {data, size} or a container.
+  template <class P, class = std::enable_if_t<std::is_pointer_v<P>>>
+  output_span(P) {  // NOLINT
+    static_assert(!std::is_pointer_v<P>,
+                  "posenc::output_span: a raw pointer carries no size; give {data, size} or a container "
+                  "(a std::vector), or nullptr for no output");
+  }
+
+  /// Whether the output was asked for.
+  constexpr bool given() const noexcept { return given_; }
+  constexpr explicit operator bool() const noexcept { return given_; }
+  constexpr T* data() const noexcept { return data_; }
+  constexpr index_t size() const noexcept { return size_; }
+  /// Element i (unchecked), i in [0, size()).
+  constexpr T& operator[](index_t i) const noexcept { return data_[i]; }
+
+ private:
+  T* data_ = nullptr;
+  index_t size_ = 0;
+  bool given_ = false;
+};
+
+namespace detail {
+/// Checks a given lse or scores buffer against the element count the call
+/// writes: `what` names the extents (e.g. "batch x heads x q.seq").
+template <class T>
+void check_output_span(char const* where, char const* name, output_span<T> const& o, index_t expected,
+                       char const* what) {
+  if (!o.given()) return;
+  require(o.size() == expected, where, name, " has ", o.size(), " values, expected ", expected, " (", what, ")");
+  require(o.data() != nullptr || expected == 0, where, name, " is given with ", o.size(),
+          " values and a null data pointer, expected a buffer (or nullptr for no ", name, ")");
+}
+}  // namespace detail
+
 /// Options of posenc::attention. Defaults give plain softmax(q k^T / sqrt(d)) v.
 template <class T>
 struct attention_options {
@@ -123,10 +179,12 @@ struct attention_options {
   double softcap = 0;
   /// The keys are already rotated by the encoder (a cache of rotated keys).
   bool keys_rotated = false;
-  /// Optional log-sum-exp output, contiguous (batch, head, Sq); -inf for rows with no visible key.
-  T* lse = nullptr;
-  /// Optional scores output, contiguous (batch, head, Sq, Sk), at `scores_stage`.
-  T* scores = nullptr;
+  /// Optional log-sum-exp output, contiguous (batch, head, Sq), exactly
+  /// batch x heads x Sq values; -inf for rows with no visible key.
+  output_span<T> lse;
+  /// Optional scores output, contiguous (batch, head, Sq, Sk), exactly
+  /// batch x heads x Sq x Sk values, at `scores_stage`.
+  output_span<T> scores;
   score_stage scores_stage = score_stage::probabilities;
   /// Thread count; 0 = default (OpenMP's), 1 = serial.
   int threads = 0;

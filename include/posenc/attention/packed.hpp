@@ -164,7 +164,8 @@ struct packed_call {
     return m;
   }
 
-  /// Options of sequence s alone; `lse` is where its (Hq, Sq_s) lse goes.
+  /// Options of sequence s alone; `lse` is where its (Hq, Sq_s) lse goes
+  /// (null: no lse, for the per-sequence checks).
   attention_options<T> sequence_options(index_t s, T* lse, int threads) const noexcept {
     attention_options<T> o = *opt;
     index_t const q0 = seqs.cu_seqlens_q[s], k0 = seqs.cu_seqlens_k[s];
@@ -173,8 +174,11 @@ struct packed_call {
     if (!opt->key_lengths.empty()) o.key_lengths = span<const index_t>(opt->key_lengths.data() + s, 1);
     o.mask = sequence_mask(opt->mask, s);
     o.bool_mask = sequence_mask(opt->bool_mask, s);
-    o.lse = opt->lse ? lse : nullptr;
-    o.scores = opt->scores ? opt->scores + scores_at[static_cast<std::size_t>(s)] : nullptr;
+    index_t const sq = seqs.q_len(s), sk = seqs.k_len(s);
+    o.lse = opt->lse && lse ? output_span<T>(lse, q.heads * sq) : output_span<T>();
+    o.scores = opt->scores
+                   ? output_span<T>(opt->scores.data() + scores_at[static_cast<std::size_t>(s)], q.heads * sq * sk)
+                   : output_span<T>();
     o.threads = threads;
     return o;
   }
@@ -248,6 +252,9 @@ void validate_packed(char const* w, packed_call<T, Q, KV, O> const& c) {
       scores_size = checked_add(w, scores_size, block, "scores size (sum over sequences of q.heads x Sq x Sk)");
     }
   }
+  check_output_span(w, "lse", opt.lse, rows, "q.heads x q.seq");
+  if (opt.scores)
+    check_output_span(w, "scores", opt.scores, scores_size, "the sum over sequences of q.heads x Sq x Sk");
   // Aliasing over the whole packed buffers: a sequence's output must not
   // share memory with another sequence's input either (out == q, the same
   // view, is in-place attention, as for a contiguous call).
@@ -269,8 +276,8 @@ void validate_packed(char const* w, packed_call<T, Q, KV, O> const& c) {
       }(),
       c.masks16.half.empty() ? half_bytes(c.masks16.bfloat16) : half_bytes(c.masks16.half)};
   char const* const in_names[6] = {"q", "k", "v", "mask", "bool_mask", "mask (16-bit)"};
-  byte_set const out_sets[3] = {bytes_of(out), bytes_of(static_cast<T const*>(opt.lse), rows),
-                                opt.scores ? bytes_of(static_cast<T const*>(opt.scores), scores_size) : byte_set{}};
+  byte_set const out_sets[3] = {bytes_of(out), bytes_of(static_cast<T const*>(opt.lse.data()), rows),
+                                opt.scores ? bytes_of(static_cast<T const*>(opt.scores.data()), scores_size) : byte_set{}};
   char const* const out_names[3] = {"out", "lse", "scores"};
   bool const in_place = out.data == q.data && out.seq == q.seq && out.heads == q.heads && out.dim == q.dim &&
                         out.seq_stride == q.seq_stride && out.head_stride == q.head_stride;
@@ -326,7 +333,7 @@ void packed_attention(packed_call<T, Q, KV, O>& c, E const& enc) {
   // What the chosen path cannot do, said before any sequence runs.
   if constexpr (!std::is_same_v<Path, path::best>) {
     if constexpr (!detail::kernel<typename detail::dependent_path<Path, E>::type>::provides_scores)
-      detail::require(opt.scores == nullptr, w, "scores is set, expected null (this path does not produce the "
+      detail::require(!opt.scores, w, "scores is set, expected null (this path does not produce the "
                       "scores output; use path::reference or path::materialized)");
   }
   // Every sequence's own checks, before any sequence writes.
@@ -338,7 +345,7 @@ void packed_attention(packed_call<T, Q, KV, O>& c, E const& enc) {
     detail::validate(c.q_of(s), c.k_of(s), c.v_of(s), c.out_of(s), enc, c.sequence_options(s, nullptr, 1), where);
     if constexpr (detail::has_memory_length<E>::value) {
       index_t const M = enc.memory_length(), memory = seqs.k_len(s) - seqs.q_len(s);
-      detail::require(opt.scores == nullptr || M == 0 || memory <= M, where, "scores is set with a memory of ", memory,
+      detail::require(!opt.scores || M == 0 || memory <= M, where, "scores is set with a memory of ", memory,
                       " keys, expected null (the encoder's memory_length() is ", M, ": the memory is cut)");
     }
   }
@@ -366,7 +373,7 @@ void packed_attention(packed_call<T, Q, KV, O>& c, E const& enc) {
     if (opt.lse) {
       index_t const sq = seqs.q_len(s), q0 = seqs.cu_seqlens_q[s];
       for (index_t h = 0; h < q.heads; ++h)
-        std::copy(lse + h * sq, lse + (h + 1) * sq, opt.lse + h * q.seq + q0);
+        std::copy(lse + h * sq, lse + (h + 1) * sq, opt.lse.data() + h * q.seq + q0);
     }
   };
   std::size_t first_shared = 0;

@@ -73,7 +73,7 @@ attention_options<T> paged_entry_options(attention_options<T> const& opt, index_
   o.key_lengths = {};
   o.mask = mask_entry(opt.mask, b, keys);
   o.bool_mask = mask_entry(opt.bool_mask, b, keys);
-  if (o.lse) o.lse += b * hq * sq;
+  if (o.lse) o.lse = output_span<T>(o.lse.data() + b * hq * sq, hq * sq);
   o.keys_rotated = keys_rotated;
   return o;
 }
@@ -216,7 +216,7 @@ void fill_paged_plan(attention_plan<T>& p, view<const Q> q, paged_kv_cache<S> co
   if (!p.bool_mask.empty() && p.bool_mask.data == nullptr)
     p.bool_mask.batch_stride = p.bool_mask.head_stride = p.bool_mask.q_stride = 0;
   set_half_masks(p, masks16);  // always: a reused plan keeps no mask of an earlier call
-  p.lse = o.lse;
+  p.lse = o.lse.data();
   p.scores = nullptr;
   p.threads = o.threads;
 }
@@ -294,7 +294,7 @@ void paged_attention_here(view<const Q> q, paged_kv_cache<S> const& cache, span<
   detail::require(opt.key_lengths.empty() && opt.key_lengths.data() == nullptr, w, "key_lengths has ",
                   opt.key_lengths.size(), " entries, expected none with a paged_kv_cache (each sequence has its "
                   "length(); mask keys with mask or bool_mask)");
-  detail::require(opt.scores == nullptr, w, "scores is set, expected null (attention over a paged_kv_cache does "
+  detail::require(!opt.scores, w, "scores is set, expected null (attention over a paged_kv_cache does "
                   "not produce the scores output)");
   detail::require(!opt.keys_rotated || stored_rotated, w, "keys_rotated is true, expected false (the cached keys "
                   "are stored unrotated)");
@@ -328,6 +328,8 @@ void paged_attention_here(view<const Q> q, paged_kv_cache<S> const& cache, span<
     for (index_t i = 0; i < Sq; ++i)
       work.q_ids[static_cast<std::size_t>(b * Sq + i)] =
           opt.q_positions ? opt.q_positions->at(b, i) : cache.next_position(seq_ids[b]) - Sq + i;
+  detail::check_output_span(w, "lse", opt.lse, detail::checked_mul(w, sq_n, q.heads, "seq_ids.size() x q.seq x q.heads"),
+                            "seq_ids.size() x q.heads x q.seq");
   // Every entry validated as the call on its own sequence, before anything is written.
   view<const S> const pool_k = cache.page_keys(0, cache.pages()), pool_v = cache.page_values(0, cache.pages());
   for (index_t b = 0; b < n; ++b) {

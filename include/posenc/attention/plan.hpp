@@ -377,8 +377,8 @@ void check_half_masks(char const* w, half_masks const& m, view<const Q> q, view<
   };
   byte_set const in = m.half.empty() ? bytes(m.bfloat16) : bytes(m.half);
   index_t const rows = q.batch * q.heads * q.seq;  // fits: validated
-  byte_set const outs[3] = {bytes_of(out), bytes_of(static_cast<T const*>(opt.lse), rows),
-                            opt.scores ? bytes_of(static_cast<T const*>(opt.scores), rows * k.seq) : byte_set{}};
+  byte_set const outs[3] = {bytes_of(out), bytes_of(static_cast<T const*>(opt.lse.data()), rows),
+                            opt.scores ? bytes_of(static_cast<T const*>(opt.scores.data()), rows * k.seq) : byte_set{}};
   char const* const names[3] = {"out", "lse", "scores"};
   for (int o = 0; o < 3; ++o)
     if (overlaps(outs[o], in))
@@ -515,6 +515,9 @@ void validate(view<const Q> q, view<const KV> k, view<const KV> v, view<O> out, 
     checked_mul(w, checked_mul(w, B, q.heads, "q.batch x q.heads") * Sq, Sk,
                 "scores size q.batch x q.heads x q.seq x k.seq");
   }
+  check_output_span(w, "lse", opt.lse, B * q.heads * Sq, "q.batch x q.heads x q.seq");  // fits: q is checked
+  if (opt.scores)
+    check_output_span(w, "scores", opt.scores, B * q.heads * Sq * Sk, "q.batch x q.heads x q.seq x k.seq");
   if (!opt.key_lengths.empty() || opt.key_lengths.data() != nullptr) {
     require(opt.key_lengths.size() == B, w, "key_lengths has ", opt.key_lengths.size(),
             " entries, expected ", B, " (q.batch)");
@@ -603,8 +606,8 @@ void validate(view<const Q> q, view<const KV> k, view<const KV> v, view<O> out, 
       }()};
   char const* const in_names[5] = {"q", "k", "v", "mask", "bool_mask"};
   index_t const rows = B * q.heads * Sq;  // fits: a partial product of q's checked element count
-  byte_set const out_sets[3] = {bytes_of(out), bytes_of(static_cast<T const*>(opt.lse), rows),
-                                opt.scores ? bytes_of(static_cast<T const*>(opt.scores), rows * Sk) : byte_set{}};
+  byte_set const out_sets[3] = {bytes_of(out), bytes_of(static_cast<T const*>(opt.lse.data()), rows),
+                                opt.scores ? bytes_of(static_cast<T const*>(opt.scores.data()), rows * Sk) : byte_set{}};
   char const* const out_names[3] = {"out", "lse", "scores"};
   char const* const out_sizes[3] = {"", " (q.batch x q.heads x q.seq elements)",
                                     " (q.batch x q.heads x q.seq x k.seq elements)"};
@@ -693,8 +696,8 @@ attention_plan<T> make_plan(view<const Q> q, view<const KV> k, view<const KV> v,
   if (!p.mask.empty() && p.mask.data == nullptr) p.mask.batch_stride = p.mask.head_stride = p.mask.q_stride = 0;
   if (!p.bool_mask.empty() && p.bool_mask.data == nullptr)
     p.bool_mask.batch_stride = p.bool_mask.head_stride = p.bool_mask.q_stride = 0;
-  p.lse = opt.lse;
-  p.scores = opt.scores;
+  p.lse = opt.lse.data();
+  p.scores = opt.scores.data();
   p.stage = opt.scores_stage;
   p.threads = opt.threads;
   p.products = opt.products;

@@ -103,7 +103,13 @@ void check_local(char const* w, view<const T> q, view<const T> k, ring_options<T
   using posenc::detail::require;
   require(opt.mask.empty(), w, "mask is set, expected none (masks are not split across ranks)");
   require(opt.bool_mask.empty(), w, "bool_mask is set, expected none (masks are not split across ranks)");
-  require(opt.scores == nullptr, w, "scores is set, expected null (the scores output is not split across ranks)");
+  require(!opt.scores, w, "scores is set, expected null (the scores output is not split across ranks)");
+  // A rank without tokens gives an empty (or no) lse.
+  posenc::detail::check_output_span(
+      w, "lse", opt.lse,
+      posenc::detail::checked_mul(w, posenc::detail::checked_mul(w, q.batch, q.heads, "q.batch x q.heads"), q.seq,
+                                  "q.batch x q.heads x q.seq"),
+      "batch x Hq x shard");
   for (auto const* pos : {&opt.q_positions, &opt.k_positions}) {
     char const* const name = pos == &opt.q_positions ? "q_positions" : "k_positions";
     if (!pos->has_value()) continue;
@@ -317,7 +323,7 @@ inline bool block_invisible(segment qs, segment ks, index_t q_offset, index_t k_
 /// run (`klens` holds them), and the block's log-sum-exp output.
 template <class T>
 attention_options<T> block_options(ring_setup<T> const& st, ring_options<T> const& opt, segment qs, segment ks,
-                                   bool shift_ok, std::vector<index_t>& klens, T* lse) {
+                                   bool shift_ok, std::vector<index_t>& klens, T* lse, index_t lse_values) {
   attention_options<T> o;
   o.scale = opt.scale;
   o.causal = opt.causal;
@@ -347,7 +353,7 @@ attention_options<T> block_options(ring_setup<T> const& st, ring_options<T> cons
           std::clamp<index_t>(st.key_len[static_cast<std::size_t>(b)] - ks.first, 0, ks.count);
     o.key_lengths = span<const index_t>(klens.data(), B);
   }
-  o.lse = lse;
+  o.lse = output_span<T>(lse, lse_values);
   return o;
 }
 
@@ -561,7 +567,8 @@ ring_stats ring_attention(MPI_Comm comm, view<const posenc::detail::identity_t<T
     detail::for_each_visible_pair(st, r, src, opt.causal, opt.sliding_window, stats, req, 2,
                                   [&](segment qs, segment ks, index_t q0, index_t k0) {
                                     attention_options<T> const o =
-                                        detail::block_options(st, opt, qs, ks, shift_ok, klens, tmp_lse);
+                                        detail::block_options(st, opt, qs, ks, shift_ok, klens, tmp_lse,
+                                                              B * Hq * qs.count);
                                     detail::attend_and_merge(ring.get(), ws, detail::rows_of(qsrc, q0, qs.count),
                                                              detail::rows_of(kv.first, k0, ks.count),
                                                              detail::rows_of(kv.second, k0, ks.count), enc, o, S, q0);
@@ -574,7 +581,7 @@ ring_stats ring_attention(MPI_Comm comm, view<const posenc::detail::identity_t<T
   }
 
   // Finish: normalise every row, write out (and lse).
-  detail::finish_rows(ws, out, opt.lse, B, S, Hq, Dv);
+  detail::finish_rows(ws, out, opt.lse.data(), B, S, Hq, Dv);
   stats.seconds = detail::seconds_since(t_start);
   return stats;
 }

@@ -139,7 +139,7 @@ ring_stats ring_attention_backward(MPI_Comm comm, view<const posenc::detail::ide
     // A rank that holds no token has no log-sum-exp: a null lse is its zero values.
     posenc::detail::check_view(w, "q", q);
     index_t const lse_values = q.batch * q.heads * q.seq;  // fits: a partial product of q's checked element count
-    posenc::detail::require(opt.lse != nullptr || lse_values == 0, w,
+    posenc::detail::require(opt.lse || lse_values == 0, w,
                             "lse is null, expected the forward ring_attention's log-sum-exp (batch, Hq, shard) = ",
                             lse_values, " values");
     posenc::detail::validate_backward(w, q, k, v, out, dout, dq, dk, dv, enc, opt, grads, true);
@@ -211,8 +211,9 @@ ring_stats ring_attention_backward(MPI_Comm comm, view<const posenc::detail::ide
     auto const kv = detail::block_views(ws.blocks[cur].data(), B, blen, Hkv, D, Dv);
     detail::for_each_visible_pair(
         st, r, src, opt.causal, opt.sliding_window, stats, req, 3, [&](segment qs, segment ks, index_t q0, index_t k0) {
-          detail::copy_lse_rows(static_cast<T const*>(opt.lse), bb.lse_run.data(), B, Hq, S, q0, qs.count);
-          attention_options<T> const o = detail::block_options(st, opt, qs, ks, shift_ok, klens, bb.lse_run.data());
+          detail::copy_lse_rows(static_cast<T const*>(opt.lse.data()), bb.lse_run.data(), B, Hq, S, q0, qs.count);
+          attention_options<T> const o = detail::block_options(st, opt, qs, ks, shift_ok, klens, bb.lse_run.data(),
+                                                                         B * Hq * qs.count);
           detail::backward_block(ring.get(), bb, partial, blen, detail::rows_of(qsrc, q0, qs.count),
                                  detail::rows_of(kv.first, k0, ks.count), detail::rows_of(kv.second, k0, ks.count),
                                  detail::rows_of(out, q0, qs.count), detail::rows_of(dout, q0, qs.count), enc, o, S,

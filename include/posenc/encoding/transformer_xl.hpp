@@ -36,6 +36,11 @@ namespace posenc {
 /// position term is the relative-key hook `score_row(head, ...)`, which gets
 /// the shifted query q + u and adds scale * ((q + u) . R_h(d) + (v_h - u_h) . R_h(d)).
 ///
+/// A checkpoint that stores R already given by distance (and not W_R) builds
+/// the encoder with from_distances(): the same formula with R_h(d) read from
+/// the given table; pos_dim() is then 0 and w_r_gradient() is unavailable
+/// (r_gradient() gives d(R) in the table's shape).
+///
 /// Segment memory: the keys and values of attention are [memory ; current
 /// segment], so that with q.seq < k.seq query i sits at position mem + i (the
 /// default bottom-right positions). With memory_length() = M > 0, a memory
@@ -61,15 +66,7 @@ class transformer_xl {
                  Eigen::Ref<const table_type> const& w_r, index_t memory_length = 0)
       : limit_(distance_limit), heads_(u.rows()), head_dim_(u.cols()), pos_dim_(w_r.cols()), mem_(memory_length) {
     char const* w = "posenc::transformer_xl";
-    detail::require(limit_ >= 0 && limit_ <= position_limit, w, "distance_limit is ", limit_, ", expected 0 .. ",
-                    position_limit, " (position_limit)");
-    detail::require(mem_ >= 0 && mem_ <= position_limit, w, "memory_length is ", mem_, ", expected 0 .. ",
-                    position_limit, " (position_limit; 0 = keep every memory key)");
-    detail::require(heads_ >= 1 && head_dim_ >= 1, w, "u shape is (", u.rows(), ", ", u.cols(),
-                    "), expected (heads >= 1, head_dim >= 1)");
-    detail::rel::check_table_shape<T>(w, "u", u, heads_, head_dim_, "(heads, head_dim)");
-    detail::rel::check_table_shape<T>(w, "v", v, heads_, head_dim_, "(heads, head_dim) of u");
-    index_t const rows = detail::checked_mul(w, heads_, head_dim_, "heads x head_dim");
+    index_t const rows = check_common(w, u, v);
     detail::require(pos_dim_ >= 2 && pos_dim_ % 2 == 0, w, "w_r shape is (", w_r.rows(), ", ", w_r.cols(),
                     "), expected (", rows, ", an even pos_dim >= 2)");
     detail::rel::check_table_shape<T>(w, "w_r", w_r, rows, pos_dim_, "(heads x head_dim of u, pos_dim)");
@@ -78,21 +75,51 @@ class transformer_xl {
                         "(2 x distance_limit + 1) x heads x head_dim x pos_dim");
     u_ = detail::rel::copy_table<T>(u);
     v_ = detail::rel::copy_table<T>(v);
-    build_tables(u, v, w_r);
-    identity_ = encoder_identity("transformer_xl");
-    identity_.add("type", detail::element_name<T>()).add("heads", heads_).add("head_dim", head_dim_);
-    identity_.add("pos_dim", pos_dim_).add("distance_limit", limit_).add("memory_length", mem_);
-    identity_.add_table("u", u.data(), u.rows(), u.cols(), u.outerStride());
-    identity_.add_table("v", v.data(), v.rows(), v.cols(), v.outerStride());
+    build_tables(u, v, sinusoids() * w_r.template cast<double>().transpose());  // R_h(d) = W_R,h PE(d)
+    start_identity("w_r", u, v);
     identity_.add_table("w_r", w_r.data(), w_r.rows(), w_r.cols(), w_r.outerStride());
+  }
+
+  /// The encoder from R given by distance instead of W_R, for checkpoints that
+  /// store R itself: row d + distance_limit of `r` holds R(d) for every head
+  /// (head h at columns h head_dim .. (h + 1) head_dim), d = -distance_limit
+  /// .. distance_limit. The attention is the formula above with this R_h(d);
+  /// the constructor tabulates (v_h - u_h) . R_h(d) in double from the given
+  /// values. pos_dim() is 0, and the parameter gradient of R is r_gradient(g)
+  /// (w_r_gradient throws).
+  ///
+  /// A checkpoint with R for the distances klen - 1 down to 0 (Hugging Face
+  /// TransfoXL's `r_head_k`, (klen, heads x head_dim), non-negative distances
+  /// only) maps to distance_limit = klen - 1 with its rows reversed into rows
+  /// distance_limit .. 2 distance_limit (row distance_limit + d holds
+  /// r_head_k[klen - 1 - d]). The rows 0 .. distance_limit - 1 of negative
+  /// distances are only read without causal masking (keys after the query);
+  /// what they hold is the caller's choice, e.g. zeros:
+  ///
+  ///     table r = table::Zero(2 * (klen - 1) + 1, heads * head_dim);
+  ///     r.bottomRows(klen) = r_head_k.colwise().reverse();
+  ///     auto enc = posenc::transformer_xl<float>::from_distances(klen - 1, u, v, r);
+  ///
+  /// @param distance_limit largest |p_i - p_j| of a visible pair the call may have (>= 0)
+  /// @param u (heads, head_dim): content bias, `r_w_bias`
+  /// @param v (heads, head_dim): position bias, `r_r_bias`
+  /// @param r (2 distance_limit + 1, heads x head_dim): R by distance, row d + distance_limit
+  /// @param memory_length M: a longer memory is cut to its last M keys (0 = keep every key)
+  static transformer_xl from_distances(index_t distance_limit, Eigen::Ref<const table_type> const& u,
+                                       Eigen::Ref<const table_type> const& v, Eigen::Ref<const table_type> const& r,
+                                       index_t memory_length = 0) {
+    return transformer_xl(by_distance{}, distance_limit, u, v, r, memory_length);
   }
 
   /// Query heads the encoder was built for.
   index_t heads() const noexcept { return heads_; }
   /// Width of u, v and R (the attention head_dim).
   index_t head_dim() const noexcept { return head_dim_; }
-  /// Width of the sinusoidal encoding PE (W_R's column count).
+  /// Width of the sinusoidal encoding PE (W_R's column count); 0 for an
+  /// encoder built from R by distance (from_distances), which has no W_R.
   index_t pos_dim() const noexcept { return pos_dim_; }
+  /// True for an encoder built from R by distance (from_distances).
+  bool from_r() const noexcept { return pos_dim_ == 0; }
   /// Largest |p_i - p_j| of a visible query-key pair; posenc::attention checks it
   /// on the keys kept after the memory cut.
   index_t distance_limit() const noexcept { return limit_; }
@@ -102,8 +129,9 @@ class transformer_xl {
   index_t max_positions() const noexcept { return 0; }
   /// No value term: the outputs are plain sum_j p_ij v_j.
   bool has_values() const noexcept { return false; }
-  /// Element type, heads, head_dim, pos_dim, distance_limit, memory_length
-  /// and digests of u, v and W_R: computed at construction (W_R is not kept).
+  /// Element type, form (`w_r`, or `r` for from_distances), heads, head_dim,
+  /// pos_dim, distance_limit, memory_length and digests of u, v and W_R (or
+  /// of from_distances' R table): computed at construction (W_R is not kept).
   encoder_identity const& identity() const noexcept { return identity_; }
 
   /// R_h(distance)[dim], |distance| <= distance_limit().
@@ -155,8 +183,9 @@ class transformer_xl {
   /// Gradients of the parameters (docs/backward.md): `u` and `v` are
   /// (heads, head_dim) like u and v; `r` is the gradient of the tabulated
   /// R_h(d), (heads x (2 distance_limit + 1), head_dim) with R_h(d) at row
-  /// h (2 distance_limit + 1) + d + distance_limit. d(W_R) is linear in it:
-  /// w_r_gradient(g) gives it in W_R's shape.
+  /// h (2 distance_limit + 1) + d + distance_limit. r_gradient(g) gives it in
+  /// the shape of from_distances' r; d(W_R) is linear in it: w_r_gradient(g)
+  /// gives it in W_R's shape (for an encoder built from W_R).
   struct gradients {
     table_type u, v, r;
     void set_zero() {
@@ -194,11 +223,25 @@ class transformer_xl {
     one("v", g.v, heads_, "(heads, head_dim)");
     one("r", g.r, heads_ * dists(), "(heads x (2 x distance_limit + 1), head_dim)");
   }
+  /// d(R) in the shape of from_distances' r, (2 distance_limit + 1, heads x
+  /// head_dim): row d + distance_limit, columns h head_dim .. (h + 1) head_dim
+  /// hold g.r's row h (2 distance_limit + 1) + d + distance_limit. For either form.
+  table_type r_gradient(gradients const& g) const {
+    check_gradients("posenc::transformer_xl::r_gradient", g);
+    index_t const n = dists();
+    table_type out(n, heads_ * head_dim_);
+    for (index_t h = 0; h < heads_; ++h) out.block(0, h * head_dim_, n, head_dim_) = g.r.block(h * n, 0, n, head_dim_);
+    return out;
+  }
   /// d(W_R) from the gradient of R: d(W_R)[h head_dim + t][m] = sum_d g.r(h, d)[t] PE(d)[m]
   /// (accumulated in double); the shape of W_R, (heads x head_dim, pos_dim).
+  /// Throws for an encoder built from R by distance (no W_R: use r_gradient).
   table_type w_r_gradient(gradients const& g) const {
-    check_gradients("posenc::transformer_xl::w_r_gradient", g);
-    using dmat = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+    char const* w = "posenc::transformer_xl::w_r_gradient";
+    detail::require(!from_r(), w,
+                    "the encoder was built from R by distance (from_distances) and has no W_R, expected "
+                    "r_gradient(g) for the gradient of R");
+    check_gradients(w, g);
     dmat const pe = sinusoids();
     index_t const n = dists();
     table_type out(heads_ * head_dim_, pos_dim_);
@@ -274,6 +317,46 @@ class transformer_xl {
   }
 
  private:
+  using dmat = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  struct by_distance {};
+
+  transformer_xl(by_distance, index_t distance_limit, Eigen::Ref<const table_type> const& u,
+                 Eigen::Ref<const table_type> const& v, Eigen::Ref<const table_type> const& r, index_t memory_length)
+      : limit_(distance_limit), heads_(u.rows()), head_dim_(u.cols()), pos_dim_(0), mem_(memory_length) {
+    char const* w = "posenc::transformer_xl::from_distances";
+    index_t const cols = check_common(w, u, v);
+    index_t const dists = detail::rel::clipped_rows(w, limit_);
+    detail::checked_mul(w, dists, cols, "(2 x distance_limit + 1) x heads x head_dim");
+    detail::rel::check_table_shape<T>(w, "r", r, dists, cols, "(2 x distance_limit + 1, heads x head_dim of u)");
+    u_ = detail::rel::copy_table<T>(u);
+    v_ = detail::rel::copy_table<T>(v);
+    build_tables(u, v, r.template cast<double>());
+    start_identity("r", u, v);
+    identity_.add_table("r", r.data(), r.rows(), r.cols(), r.outerStride());
+  }
+
+  // The checks both forms share (distance_limit, memory_length, u, v); returns heads x head_dim.
+  index_t check_common(char const* w, Eigen::Ref<const table_type> const& u, Eigen::Ref<const table_type> const& v) {
+    detail::require(limit_ >= 0 && limit_ <= position_limit, w, "distance_limit is ", limit_, ", expected 0 .. ",
+                    position_limit, " (position_limit)");
+    detail::require(mem_ >= 0 && mem_ <= position_limit, w, "memory_length is ", mem_, ", expected 0 .. ",
+                    position_limit, " (position_limit; 0 = keep every memory key)");
+    detail::require(heads_ >= 1 && head_dim_ >= 1, w, "u shape is (", u.rows(), ", ", u.cols(),
+                    "), expected (heads >= 1, head_dim >= 1)");
+    detail::rel::check_table_shape<T>(w, "u", u, heads_, head_dim_, "(heads, head_dim)");
+    detail::rel::check_table_shape<T>(w, "v", v, heads_, head_dim_, "(heads, head_dim) of u");
+    return detail::checked_mul(w, heads_, head_dim_, "heads x head_dim");
+  }
+
+  // The identity's parameters up to u and v; the caller adds its W_R or R table.
+  void start_identity(char const* form, Eigen::Ref<const table_type> const& u, Eigen::Ref<const table_type> const& v) {
+    identity_ = encoder_identity("transformer_xl");
+    identity_.add("type", detail::element_name<T>()).add("form", form).add("heads", heads_).add("head_dim", head_dim_);
+    identity_.add("pos_dim", pos_dim_).add("distance_limit", limit_).add("memory_length", mem_);
+    identity_.add_table("u", u.data(), u.rows(), u.cols(), u.outerStride());
+    identity_.add_table("v", v.data(), v.rows(), v.cols(), v.outerStride());
+  }
+
   index_t dists() const noexcept { return 2 * limit_ + 1; }
   T const* r_row(index_t head, index_t distance) const noexcept {
     return r_.data() + (head * dists() + distance + limit_) * head_dim_;
@@ -284,9 +367,9 @@ class transformer_xl {
   }
 
   // PE(d) for |d| <= limit, (distances, pos_dim) in double, row d + limit.
-  Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> sinusoids() const {
+  dmat sinusoids() const {
     index_t const n = dists(), half = pos_dim_ / 2;
-    Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> pe(n, pos_dim_);
+    dmat pe(n, pos_dim_);
     for (index_t k = 0; k < half; ++k) {
       double const inv_freq = 1.0 / std::pow(10000.0, static_cast<double>(2 * k) / static_cast<double>(pos_dim_));
       for (index_t r = 0; r < n; ++r) {
@@ -298,16 +381,14 @@ class transformer_xl {
     return pe;
   }
 
-  // R_h(d) = W_R,h PE(d) for every head and |d| <= limit, in double (one
-  // GEMM of (distances, pos_dim) by (pos_dim, heads x head_dim)), stored as
-  // (heads, distances, head_dim) so that one head's rows are contiguous; and
-  // c_h(d) = (v_h - u_h) . R_h(d), also from the double values.
-  void build_tables(Eigen::Ref<const table_type> const& u, Eigen::Ref<const table_type> const& v,
-                    Eigen::Ref<const table_type> const& w_r) {
-    using dmat = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  // From R by distance in double, rel (distances, heads x head_dim) with
+  // R_h(d) at row d + limit, columns h head_dim .. (h + 1) head_dim (W_R,h
+  // PE(d) from one GEMM for the W_R form, the given table for from_distances):
+  // R stored as (heads, distances, head_dim) so that one head's rows are
+  // contiguous, its transpose, and c_h(d) = (v_h - u_h) . R_h(d), also from
+  // the double values.
+  void build_tables(Eigen::Ref<const table_type> const& u, Eigen::Ref<const table_type> const& v, dmat const& rel) {
     index_t const n = dists();
-    dmat const pe = sinusoids();
-    dmat const rel = pe * w_r.template cast<double>().transpose();  // (distances, heads x head_dim)
     r_.assign(static_cast<std::size_t>(heads_ * n * head_dim_), T(0));
     rt_.assign(r_.size(), T(0));
     c_.assign(static_cast<std::size_t>(heads_ * n), T(0));
@@ -330,7 +411,7 @@ class transformer_xl {
   std::vector<T> r_;  // (heads, 2 * limit + 1, head_dim): R_h(d) at row d + limit
   std::vector<T> rt_;  // (heads, head_dim, 2 * limit + 1): R_h transposed
   std::vector<T> c_;  // (heads, 2 * limit + 1): (v_h - u_h) . R_h(d)
-  encoder_identity identity_;  // identity(): the parameters as given to the constructor
+  encoder_identity identity_;  // identity(): the parameters as given to the constructor or from_distances
 };
 
 template <class T>

@@ -39,7 +39,7 @@ void all_paths(E const& enc) {
   opt.softcap = 30;
   opt.key_lengths = posenc::span<const index_t>(lengths.data(), p.b);
   opt.mask = posenc::make_mask<T>(mask.data(), 1, 1, p.s, p.s);
-  opt.lse = p.lse.data();
+  opt.lse = p.lse;
   opt.threads = 2;
   posenc::attention<posenc::path::reference>(q, k, v, o, enc, opt);
   posenc::attention<posenc::path::materialized>(q, k, v, o, enc, opt);

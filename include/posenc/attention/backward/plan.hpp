@@ -126,7 +126,7 @@ void validate_backward(char const* w, view<const T> q, view<const T> k, view<con
                        view<const T> dout, view<T> dq, view<T> dk, view<T> dv, E const& enc,
                        attention_options<T> const& opt, encoder_gradients_t<E> const& grads, bool needs_lse,
                        half_masks const& masks16 = {}) {
-  require(opt.scores == nullptr, w, "scores is set, expected null (the backward pass has no scores output)");
+  require(!opt.scores, w, "scores is set, expected null (the backward pass has no scores output)");
   check_same_shape(w, "dout", dout, "out", out);
   check_same_shape(w, "dq", dq, "q", q);
   check_same_shape(w, "dk", dk, "k", k);
@@ -136,12 +136,13 @@ void validate_backward(char const* w, view<const T> q, view<const T> k, view<con
           "overwrote q, which the gradients need)");
   check_encoder_gradients(w, enc, grads);
   index_t const rows = q.batch * q.heads * q.seq;  // fits: a partial product of q's checked element count
-  require(!needs_lse || opt.lse != nullptr || rows == 0, w,
+  require(!needs_lse || opt.lse || rows == 0, w,
           "lse is null, expected the forward pass's log-sum-exp (q.batch x q.heads x q.seq = ", rows,
           " values; this path does not recompute it)");
+  check_output_span(w, "lse", opt.lse, rows, "q.batch x q.heads x q.seq");
   if (opt.lse) {
     for (index_t r = 0; r < rows; ++r) {
-      T const x = opt.lse[r];
+      T const x = opt.lse.data()[r];
       // NaN is the forward pass's lse of a row holding a NaN: it flows into that row's gradients.
       require(x != std::numeric_limits<T>::infinity(), w, "lse[", r, "] is ", x,
               ", expected a finite value, -inf or NaN (the forward pass's log-sum-exp)");
@@ -156,7 +157,7 @@ void validate_backward(char const* w, view<const T> q, view<const T> k, view<con
                                bytes_of(v),   bytes_of(out),
                                bytes_of(dout), mask_bytes(opt.mask, sizeof(T)),
                                mask_bytes(opt.bool_mask, sizeof(bool)),
-                               bytes_of(static_cast<T const*>(opt.lse), rows),
+                               bytes_of(static_cast<T const*>(opt.lse.data()), rows),
                                masks16.half.empty() ? mask_bytes(masks16.bfloat16, std::size_t{2})
                                                     : mask_bytes(masks16.half, std::size_t{2})};
   char const* const in_names[9] = {"q", "k", "v", "out", "dout", "mask", "bool_mask", "lse", "mask (16-bit)"};
