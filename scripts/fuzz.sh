@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 seconds="${1:-60}"
 shift || true
 names=("$@")
-[ ${#names[@]} -gt 0 ] || names=(rope_hf attention)
+[ ${#names[@]} -gt 0 ] || names=(rope_hf attention backward cache)
 cxx="${POSENC_FUZZ_CXX:-clang++-14}"
 cmake -S . -B build/fuzz -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER="$cxx" -DPOSENC_FUZZ=ON \
   -DPOSENC_OPENMP=OFF -DPOSENC_BUILD_TESTS=ON -DPOSENC_BUILD_BENCH=OFF -DPOSENC_BUILD_EXAMPLES=OFF \

@@ -61,7 +61,7 @@ stage_done "ASan + UBSan ctest"
 # the checked-in seeds) and the ThreadSanitizer concurrency test (serial kernels:
 # libgomp is not instrumented for TSan).
 echo "== libFuzzer (clang, ASan + UBSan)"
-POSENC_FUZZ_SEED="${POSENC_FUZZ_SEED:-1}" bash scripts/fuzz.sh "${POSENC_FUZZ_SECONDS:-60}" rope_hf attention
+POSENC_FUZZ_SEED="${POSENC_FUZZ_SEED:-1}" bash scripts/fuzz.sh "${POSENC_FUZZ_SECONDS:-60}" rope_hf attention backward cache
 stage_done "libFuzzer (build, replay, fuzz)"
 
 echo "== ThreadSanitizer (clang, OpenMP off)"

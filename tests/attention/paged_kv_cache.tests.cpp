@@ -1224,3 +1224,39 @@ TEST_CASE("paged_kv_cache::truncate leaves forks unchanged and returns the pages
     CHECK(cache.free_page_count() == cache.pages());
   }
 }
+
+TEST_CASE("paged attention: an empty sequence whose causal queries sit below 0 gives zeros on every path", "[paged]") {
+  // Keys stored rotated by RoPE (unreserved: the fused path rotates q in a copy, with the
+  // length the contiguous call would use); entry b is empty, its queries at -2 and -1.
+  index_t const hd = 4;
+  posenc::rope<float> const rope(posenc::rope_layout::half_split, hd);
+  posenc::paged_kv_cache<float> cache(4, 2, 1, hd);
+  index_t const a = cache.add_sequence(0), b = cache.add_sequence(0);
+  std::vector<float> k = random_vector<float>(static_cast<std::size_t>(3 * hd), 41);
+  cache.append(a, posenc::make_bshd<const float>(k.data(), 1, 3, 1, hd), posenc::make_bshd<const float>(k.data(), 1, 3, 1, hd),
+               rope);
+  std::vector<float> q = random_vector<float>(static_cast<std::size_t>(2 * 2 * hd), 42);
+  std::vector<index_t> const ids = {b, a};
+  posenc::attention_options<float> opt;
+  opt.causal = true;
+  auto run = [&](auto path, std::vector<float>& out, std::vector<float>& lse) {
+    out.assign(q.size(), 7.0f);
+    lse.assign(2 * 2, 7.0f);
+    opt.lse = lse;
+    posenc::attention<decltype(path)>(posenc::make_bshd<const float>(q.data(), 2, 2, 1, hd), cache, ids,
+                                      posenc::make_bshd(out.data(), 2, 2, 1, hd), rope, opt);
+  };
+  std::vector<float> ro, rl, fo, fl;
+  run(posenc::path::reference{}, ro, rl);
+  run(posenc::path::fused{}, fo, fl);
+  for (index_t i = 0; i < 2 * hd; ++i) {  // entry 0 (the empty sequence): zeros, lse -inf
+    CHECK(ro[static_cast<std::size_t>(i)] == 0.0f);
+    CHECK(fo[static_cast<std::size_t>(i)] == 0.0f);
+  }
+  for (index_t i = 0; i < 2; ++i) {
+    CHECK(rl[static_cast<std::size_t>(i)] == -std::numeric_limits<float>::infinity());
+    CHECK(fl[static_cast<std::size_t>(i)] == -std::numeric_limits<float>::infinity());
+  }
+  for (std::size_t i = 2 * hd; i < ro.size(); ++i) CHECK(fo[i] == Approx(ro[i]).margin(1e-5));  // entry 1 sees keys
+  for (std::size_t i = 2; i < rl.size(); ++i) CHECK(fl[i] == Approx(rl[i]).margin(1e-5));
+}

@@ -304,3 +304,27 @@ TEST_CASE("docs/encoders/relative.md: Transformer-XL with a memory longer than m
                     posenc::make_bshd(out.data(), 1, seg, heads, head_dim), enc, opt);
   for (float x : out) CHECK(std::abs(x - 0.3f) < 1e-6f);
 }
+
+TEST_CASE("transformer_xl: a memory cut with masks and views that hold no element (null data) works",
+          "[errors][transformer_xl]") {
+  // No query: q, out, dq, dout and a (1, 1, 0, 6) mask have no element and a null pointer. The
+  // cut moves the key views and the mask by the cut keys: never a null pointer (UBSan checks).
+  index_t const H = 2, D = 4, Sk = 6;
+  auto const enc = posenc_test::random_transformer_xl<float>(H, D, 6, 64, 3, 2);  // memory_length 2
+  std::vector<float> k = posenc_test::random_vector<float>(static_cast<std::size_t>(Sk * H * D), 5), v = k;
+  std::vector<float> dk(k.size(), 7.0f), dv(k.size(), 7.0f);
+  auto const qv = posenc::make_bshd<const float>(nullptr, 1, 0, H, D);
+  auto const kv = posenc::make_bshd<const float>(k.data(), 1, Sk, H, D);
+  auto const vv = posenc::make_bshd<const float>(v.data(), 1, Sk, H, D);
+  posenc::attention_options<float> opt;
+  opt.mask = posenc::make_mask<float>(nullptr, 1, 1, 0, Sk);
+  opt.bool_mask = posenc::make_mask<bool>(nullptr, 1, 1, 0, Sk);
+  posenc::attention<posenc::path::reference>(qv, kv, vv, posenc::make_bshd<float>(nullptr, 1, 0, H, D), enc, opt);
+  posenc::attention<posenc::path::fused>(qv, kv, vv, posenc::make_bshd<float>(nullptr, 1, 0, H, D), enc, opt);
+  auto g = enc.make_gradients();
+  posenc::attention_backward<posenc::path::reference>(qv, kv, vv, qv, qv, posenc::make_bshd<float>(nullptr, 1, 0, H, D),
+                                                      posenc::make_bshd(dk.data(), 1, Sk, H, D),
+                                                      posenc::make_bshd(dv.data(), 1, Sk, H, D), enc, opt, g);
+  for (float x : dk) CHECK(x == 0.0f);  // no query: no gradient reaches any key
+  for (float x : dv) CHECK(x == 0.0f);
+}

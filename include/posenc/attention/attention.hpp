@@ -57,9 +57,10 @@ struct memory_cut {
   memory_cut(view<const Q> q, view<const KV> k0, view<const KV> v0, attention_options<T> const& o, index_t cut)
       : k(k0), v(v0), opt(o) {
     index_t const B = q.batch, Sq = q.seq, Sk = k0.seq, n = Sk - cut;
-    k.data += cut * k.seq_stride;
+    // A view with no element may have a null data pointer: it stays null (no arithmetic on null).
+    if (k.data) k.data += cut * k.seq_stride;
     k.seq = n;
-    v.data += cut * v.seq_stride;
+    if (v.data) v.data += cut * v.seq_stride;
     v.seq = n;
     if (!o.key_lengths.empty()) {
       for (index_t b = 0; b < B; ++b) lengths.push_back(std::max<index_t>(0, o.key_lengths[b] - cut));
@@ -91,7 +92,7 @@ struct memory_cut {
   static void cut_mask(mask_view<M>& m, index_t cut) noexcept {
     if (m.empty()) return;
     if (m.k > cut) {
-      m.data += cut;
+      if (m.data) m.data += cut;  // a mask with no element (some extent 0) may have a null pointer
       m.k -= cut;
     } else {
       m.k = 0;  // every remaining key is beyond the mask's key extent: masked

@@ -100,9 +100,9 @@ void run_attention_backward_here(view<const T> q, view<const T> k, view<const T>
       index_t const cut = k.seq - q.seq - M;
       memory_cut<T> const c(q, k, v, opt, cut);
       view<T> dkc = dk, dvc = dv;
-      dkc.data += cut * dk.seq_stride;
+      if (dkc.data) dkc.data += cut * dk.seq_stride;  // null only for a view with no element
       dkc.seq -= cut;
-      dvc.data += cut * dv.seq_stride;
+      if (dvc.data) dvc.data += cut * dv.seq_stride;
       dvc.seq -= cut;
       half_masks m = masks16;
       memory_cut<T>::cut_mask(m.half, cut);
@@ -230,7 +230,7 @@ void checked_attention_backward(view<const T> q, view<const T> k, view<const T> 
 ///   log-sum-exp, from which the probabilities are recomputed; when null the
 ///   path recomputes it (paths with `needs_lse` require it). A given lse is
 ///   checked against the recomputed scores: every row's sum_j exp(s_ij -
-///   lse_i) must be 1 within 2^12 eps (sqrt(Sk) + |lse_i|) (0 where lse_i is
+///   lse_i) must be 1 within a factor exp(2^12 eps (sqrt(Sk) + |lse_i|)) (0 where lse_i is
 ///   -inf), else posenc::error names the row (the lse of a forward pass with
 ///   other options: causal, scale, mask, encoder or positions), before any
 ///   output is written. A NaN lse (the forward pass's for a row holding a

@@ -401,8 +401,10 @@ void paged_attention_here(view<const Q> q, paged_kv_cache<S> const& cache, span<
         bool reserved = true;
         for (index_t b = 0; b < n; ++b) {
           // length = largest position + 1, as the contiguous call on this sequence asks for;
-          // rows at negative positions see no key (validated) and rotate as position 0.
-          index_t len = cache.next_position(seq_ids[b]);
+          // rows at negative positions see no key (validated) and rotate as position 0. An
+          // empty sequence whose queries all sit below 0 sees no key at all: length 1 then
+          // (a rotation has length >= 1; its rows give zeros whatever the rotation).
+          index_t len = std::max<index_t>(1, cache.next_position(seq_ids[b]));
           for (index_t i = 0; i < Sq; ++i) {
             index_t const pi = work.q_ids[static_cast<std::size_t>(b * Sq + i)];
             len = std::max(len, pi + 1);

@@ -238,7 +238,7 @@ class paged_kv_cache {
       for (index_t b = 0; b < n_ids; ++b) {
         index_t const p0 = next_position(ids[b]);
         view<input_type> fb = f;
-        fb.data += b * f.batch_stride;
+        if (fb.data) fb.data += b * f.batch_stride;
         fb.batch = 1;
         enc.rotate(fb, position_span(p0), p0 + n);
       }

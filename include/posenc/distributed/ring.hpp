@@ -188,7 +188,7 @@ view<T> pack(view<const T> x, T* dst) {
 template <class T>
 view<T> rows_of(view<T> x, index_t first, index_t count) noexcept {
   view<T> y = x;
-  y.data = x.data + first * x.seq_stride;
+  y.data = x.data ? x.data + first * x.seq_stride : x.data;
   y.seq = count;
   return y;
 }

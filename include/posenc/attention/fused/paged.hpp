@@ -143,10 +143,10 @@ void run_paged_lanes(paged_work<T, S>& w, index_t entries, view<const Q> q, view
     auto const sc = carve_scratch<lane_scratch<Tr>>(w.scratch.data() + tid * per_thread, per_thread, p.head_dim,
                                                     p.value_dim, widened_value_dim);
     view<const Q> qb = q;
-    qb.data += b * q.batch_stride;
+    if (qb.data) qb.data += b * q.batch_stride;
     qb.batch = 1;
     view<O> ob = out;
-    ob.data += b * out.batch_stride;
+    if (ob.data) ob.data += b * out.batch_stride;
     ob.batch = 1;
     rotation_ids const* const rot = rots ? rots + b : nullptr;
     bool const per_key = has_bias || p.has_masks();
@@ -214,7 +214,7 @@ void run_paged(paged_work<T, S>& w, index_t entries, view<const Q> q, view<O> ou
     int const tid = std::min(thread_index(), threads - 1);
     auto const sc = carve_scratch<row_scratch<Tr>>(w.scratch.data() + tid * per_thread, per_thread, head_dim, rg_v);
     view<const Q> qb = q;
-    qb.data += ch.entry * q.batch_stride;
+    if (qb.data) qb.data += ch.entry * q.batch_stride;
     qb.batch = 1;
     rotation_ids const* const rot = rots ? rots + ch.entry : nullptr;
     row_state<T> const st = state_at(c, u / groups, u % groups);
@@ -232,7 +232,7 @@ void run_paged(paged_work<T, S>& w, index_t entries, view<const Q> q, view<O> ou
     index_t const n = w.first_chunk[static_cast<std::size_t>(b) + 1] - c0;
     attention_plan<T> const& p = w.plans[static_cast<std::size_t>(b)];
     view<O> ob = out;
-    ob.data += b * out.batch_stride;
+    if (ob.data) ob.data += b * out.batch_stride;
     ob.batch = 1;
     row_state<T> const st = state_at(c0, hk, grp);
     index_t const r0 = grp * rg_v, ng = std::min(rg_v, rows - r0);
