@@ -11,6 +11,8 @@
 #include "support/backward_check.hpp"
 #include "support/catch.hpp"
 
+namespace attention_backward_tests {
+
 using namespace posenc;
 using posenc_test::attention_problem;
 using posenc_test::central_differences;
@@ -726,3 +728,4 @@ TEST_CASE("backward: Transformer-XL's u, v and W_R by central differences", "[ba
     }
   }
 }
+}  // namespace attention_backward_tests

@@ -22,6 +22,8 @@
 #include "support/random.hpp"
 #include "support/transformer_xl.hpp"
 
+namespace attention_cache_attention_tests {
+
 using posenc::index_t;
 using posenc_test::random_vector;
 
@@ -355,3 +357,4 @@ TEMPLATE_TEST_CASE("paged and packed at offset positions: out and lse of the con
     }
   }
 }
+}  // namespace attention_cache_attention_tests

@@ -8,6 +8,8 @@
 #include "support/catch.hpp"
 #include "support/random.hpp"
 
+namespace attention_docs_tests {
+
 using posenc::index_t;
 
 TEST_CASE("docs/attention.md: a causal GQA call with RoPE and the log-sum-exp", "[docs]") {
@@ -120,3 +122,4 @@ TEST_CASE("docs/attention.md: K and V stored in 16 bits", "[docs][half]") {
     CHECK(static_cast<float>(oh[i]) == posenc_test::Approx(o[i]).margin(1e-2));
   }
 }
+}  // namespace attention_docs_tests

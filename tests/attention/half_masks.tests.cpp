@@ -18,6 +18,8 @@
 #include "support/random.hpp"
 #include "support/strided_buffer.hpp"
 
+namespace attention_half_masks_tests {
+
 using posenc::index_t;
 using posenc::mask_view;
 
@@ -392,3 +394,4 @@ TEST_CASE("16-bit mask over a kv_cache or packed sequences: a bad shape or overl
   }
   CHECK(touched == 0);
 }
+}  // namespace attention_half_masks_tests

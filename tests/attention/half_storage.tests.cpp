@@ -24,6 +24,8 @@
 #include "support/strided_views.hpp"
 #include "support/tolerance.hpp"
 
+namespace attention_half_storage_tests {
+
 using posenc::index_t;
 
 namespace {
@@ -751,3 +753,4 @@ TEST_CASE("fused decode: key rows in memory order (kv_cache) and side by side (t
   SECTION("binary16") { check_row_orders<Eigen::half>("binary16"); }
   SECTION("bfloat16") { check_row_orders<Eigen::bfloat16>("bfloat16"); }
 }
+}  // namespace attention_half_storage_tests

@@ -12,6 +12,8 @@
 #include "support/catch.hpp"
 #include "support/random.hpp"
 
+namespace attention_in_place_tests {
+
 using posenc::index_t;
 
 namespace {
@@ -76,3 +78,4 @@ TEMPLATE_TEST_CASE("attention in place: out == q gives the separate out's result
                    posenc::path::reference, posenc::path::materialized, posenc::path::fused) {
   check_all_shapes<TestType>();
 }
+}  // namespace attention_in_place_tests

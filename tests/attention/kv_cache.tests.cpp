@@ -16,6 +16,8 @@
 #include "support/error_of.hpp"
 #include "support/random.hpp"
 
+namespace attention_kv_cache_tests {
+
 using posenc::index_t;
 
 TEST_CASE("kv_cache: appended tokens are stored in order, across growth", "[kv_cache]") {
@@ -255,3 +257,4 @@ TEST_CASE("paged_kv_cache: keys rotated one way are never appended to or attende
     }
   }
 }
+}  // namespace attention_kv_cache_tests

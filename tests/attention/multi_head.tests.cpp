@@ -11,6 +11,8 @@
 #include "support/catch.hpp"
 #include "support/random.hpp"
 
+namespace attention_multi_head_tests {
+
 using posenc::index_t;
 using posenc_test::random_vector;
 
@@ -254,3 +256,4 @@ TEST_CASE("kv_cache::truncate keeps the first tokens and checks its argument", "
   CHECK(cache.keys()(0, 1, 0, 0) == 5);
   CHECK(cache.values()(0, 1, 0, 1) == -6);
 }
+}  // namespace attention_multi_head_tests

@@ -12,6 +12,8 @@
 #include "support/catch.hpp"
 #include "support/random.hpp"
 
+namespace attention_multi_head_backward_tests {
+
 using namespace posenc;
 using posenc_test::central_differences;
 using posenc_test::fd_report;
@@ -323,3 +325,4 @@ TEST_CASE("multi_head_attention::backward: the example of docs/backward.md", "[m
   CHECK(g.w_q.cwiseAbs().maxCoeff() > 0.0f);
   CHECK(g.encoder.table.cwiseAbs().maxCoeff() > 0.0f);
 }
+}  // namespace attention_multi_head_backward_tests

@@ -24,6 +24,8 @@
 #include "support/random.hpp"
 #include "support/transformer_xl.hpp"
 
+namespace attention_packed_tests {
+
 using posenc::index_t;
 
 namespace {
@@ -421,3 +423,4 @@ TEMPLATE_TEST_CASE("packed attention: queries of a sequence without keys give ze
     CHECK(std::equal(want.begin(), want.end(), out.begin() + 2 * Hq * D));
   }
 }
+}  // namespace attention_packed_tests

@@ -12,6 +12,8 @@
 #include "support/catch.hpp"
 #include "support/random.hpp"
 
+namespace attention_padded_prefill_tests {
+
 using posenc::index_t;
 
 namespace {
@@ -88,3 +90,4 @@ TEMPLATE_TEST_CASE("attention defaults: decode over a static cache stays bottom-
     CHECK(got == want);
   }
 }
+}  // namespace attention_padded_prefill_tests

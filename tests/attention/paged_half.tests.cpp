@@ -27,6 +27,8 @@
 #include "support/tolerance.hpp"
 #include "support/transformer_xl.hpp"
 
+namespace attention_paged_half_tests {
+
 using posenc::index_t;
 using posenc_test::random_vector;
 
@@ -887,3 +889,4 @@ TEST_CASE("paged_kv_cache<half> and <bfloat16>: one row per kv head, head dims o
   check_wide_one_row<Eigen::half>("binary16");
   check_wide_one_row<Eigen::bfloat16>("bfloat16");
 }
+}  // namespace attention_paged_half_tests

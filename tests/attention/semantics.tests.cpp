@@ -14,6 +14,8 @@
 #include "support/fake_encoders.hpp"
 #include "support/random.hpp"
 
+namespace attention_semantics_tests {
+
 using posenc::index_t;
 using posenc_test::Approx;
 
@@ -476,3 +478,4 @@ TEST_CASE("make_mask: a row stride shorter than the key extent throws", "[attent
   CHECK(posenc_test::error_of([&] { (void)posenc::make_mask<bool>(b, 1, 1, 2, 4, 0); }) ==
         "posenc::make_mask: row_stride is 0, expected >= 4 (k)");
 }
+}  // namespace attention_semantics_tests

@@ -7,6 +7,8 @@
 
 #include "support/catch.hpp"
 
+namespace core_aligned_buffer_tests {
+
 using posenc::index_t;
 
 namespace {
@@ -87,3 +89,4 @@ TEST_CASE("aligned_buffer: a negative size throws posenc::error", "[aligned_buff
   REQUIRE_THROWS_WITH(posenc::aligned_buffer<float>(-4),
                       posenc_test::contains("posenc::aligned_buffer: n is -4, expected >= 0"));
 }
+}  // namespace core_aligned_buffer_tests

@@ -8,6 +8,8 @@
 #include "support/catch.hpp"
 #include "support/error_of.hpp"
 
+namespace core_positions_tests {
+
 using posenc::index_t;
 using posenc::position_span;
 
@@ -95,3 +97,4 @@ TEST_CASE("positions: validate names the function, argument, value and expectati
   CHECK(error_of([&] { position_span::per_batch(firsts).validate("posenc::f", "pos", 2, 2); }) ==
         "posenc::f: pos position of batch 1 token 0 is -5, expected >= 0");
 }
+}  // namespace core_positions_tests

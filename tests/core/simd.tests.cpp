@@ -16,6 +16,8 @@
 #include "support/catch.hpp"
 #include "support/random.hpp"
 
+namespace core_simd_tests {
+
 namespace simd = posenc::simd;
 
 // The shim's version guards agree with what the installed xsimd declares
@@ -472,3 +474,4 @@ TEST_CASE("simd: bfloat16 widening and narrowing agree with Eigen::bfloat16, rou
   CHECK(simd::narrow<half_format::bfloat16>(1.01171875f) == 0x3f82u);  // 1 + 3 * 2^-8: a tie, to even
   CHECK(simd::narrow<half_format::bfloat16>(3.4028235e38f) == 0x7f80u);  // rounds past the largest: Inf
 }
+}  // namespace core_simd_tests

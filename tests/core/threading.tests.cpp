@@ -8,6 +8,8 @@
 
 #include "support/catch.hpp"
 
+namespace core_threading_tests {
+
 using posenc::index_t;
 
 TEST_CASE("threading: resolve_threads clamps to [1, default_threads()]", "[threading]") {
@@ -64,3 +66,4 @@ TEST_CASE("threading: each index's work lands in its own slot on two threads", "
   for (index_t i = 0; i < n; ++i) wrong += out[static_cast<std::size_t>(i)] != static_cast<double>(i * (i + 1) / 2);
   CHECK(wrong == 0);
 }
+}  // namespace core_threading_tests

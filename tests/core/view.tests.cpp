@@ -9,6 +9,8 @@
 #include "support/catch.hpp"
 #include "support/error_of.hpp"
 
+namespace core_view_tests {
+
 using posenc::index_t;
 
 namespace {
@@ -227,3 +229,4 @@ TEST_CASE("view: check_equal names both sides", "[view]") {
   CHECK(error_of([] { posenc::detail::check_equal("posenc::attention", "k.seq", 7, 9, "v.seq"); }) ==
         "posenc::attention: k.seq is 7, expected 9 (v.seq)");
 }
+}  // namespace core_view_tests

@@ -10,6 +10,8 @@
 
 #include "support/catch.hpp"
 
+namespace encoding_alibi_tests {
+
 using posenc::alibi;
 using posenc::alibi_form;
 using posenc::index_t;
@@ -182,3 +184,4 @@ TEST_CASE("alibi: usage code of docs/encoders/relative.md", "[alibi][docs]") {
   CHECK(mpt_next.key_length() == 101);
   CHECK(row[99] == posenc_test::Approx(0.0f + shard.bias(0, 99, 99)));
 }
+}  // namespace encoding_alibi_tests

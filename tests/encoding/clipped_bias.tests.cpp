@@ -7,6 +7,8 @@
 
 #include "support/catch.hpp"
 
+namespace encoding_clipped_bias_tests {
+
 using posenc::clipped_bias;
 using posenc::index_t;
 
@@ -92,3 +94,4 @@ TEST_CASE("clipped_bias: usage code of docs/encoders/relative.md", "[clipped][do
   CHECK(row == want);
   CHECK(std::abs(seeded.weight(0, 0)) <= 0.04f);
 }
+}  // namespace encoding_clipped_bias_tests

@@ -11,6 +11,8 @@
 
 #include "support/catch.hpp"
 
+namespace encoding_compose_tests {
+
 using posenc::index_t;
 
 namespace {
@@ -75,28 +77,32 @@ struct fake_shaw {
 
 }  // namespace
 
+}  // namespace encoding_compose_tests
+
 namespace posenc {
 template <>
-struct encoder_traits<fake_add> {
+struct encoder_traits<encoding_compose_tests::fake_add> {
   static constexpr bool adds_to_embeddings = true, rotates_queries_keys = false, biases_scores = false,
                         relative_key_value = false, is_relative = false;
 };
 template <>
-struct encoder_traits<fake_rotate> {
+struct encoder_traits<encoding_compose_tests::fake_rotate> {
   static constexpr bool adds_to_embeddings = false, rotates_queries_keys = true, biases_scores = false,
                         relative_key_value = false, is_relative = true;
 };
 template <>
-struct encoder_traits<fake_bias> {
+struct encoder_traits<encoding_compose_tests::fake_bias> {
   static constexpr bool adds_to_embeddings = false, rotates_queries_keys = false, biases_scores = true,
                         relative_key_value = false, is_relative = true;
 };
 template <>
-struct encoder_traits<fake_shaw> {
+struct encoder_traits<encoding_compose_tests::fake_shaw> {
   static constexpr bool adds_to_embeddings = false, rotates_queries_keys = false, biases_scores = false,
                         relative_key_value = true, is_relative = true;
 };
 }  // namespace posenc
+
+namespace encoding_compose_tests {
 
 TEST_CASE("none: acts nowhere, any position, relative", "[compose][none]") {
   STATIC_REQUIRE(posenc::has_encoder_traits_v<posenc::none>);
@@ -224,3 +230,4 @@ TEST_CASE("compose: learned + sinusoidal add_to equals the two add_to calls", "[
   sin6.add_to(posenc::make_bsd(y.data(), 2, 3, 6), posenc::position_span(4));
   CHECK(x == y);
 }
+}  // namespace encoding_compose_tests

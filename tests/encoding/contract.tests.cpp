@@ -13,6 +13,8 @@
 #include "support/catch.hpp"
 #include "support/fake_encoders.hpp"
 
+namespace encoding_contract_tests {
+
 namespace {
 using posenc::keeps_encoder_contract_v;
 using problem = posenc::detail::contract_problem;
@@ -48,3 +50,4 @@ TEST_CASE("encoder contract: an element type other than the views' is the first 
   CHECK_FALSE(keeps_encoder_contract_v<posenc::compose<posenc::rope<float>, posenc::shaw<double>>, float>);
   CHECK(keeps_encoder_contract_v<posenc::compose<posenc::rope<double>, posenc::shaw<double>>, double>);
 }
+}  // namespace encoding_contract_tests

@@ -17,6 +17,8 @@
 
 #include "support/catch.hpp"
 
+namespace encoding_identity_tests {
+
 using posenc::index_t;
 
 namespace {
@@ -404,3 +406,4 @@ TEST_CASE("identity: an encoder without identity() is known by its type", "[iden
   CHECK(id == posenc::identity_of(opaque{}));
   CHECK(id != posenc::identity_of(posenc::none{}));
 }
+}  // namespace encoding_identity_tests

@@ -9,6 +9,8 @@
 #include "support/catch.hpp"
 #include "support/random.hpp"
 
+namespace encoding_learned_tests {
+
 using posenc::index_t;
 using posenc::learned;
 
@@ -247,3 +249,4 @@ TEST_CASE("learned: the padding row gets no gradient, as nn.Embedding(padding_id
   CHECK(copied.identity() != copied.with_padding_row(-1).identity());
   CHECK_THROWS_WITH(copied.with_padding_row(rows), posenc_test::contains("row is 8, expected -1 (none) or in [0, 8)"));
 }
+}  // namespace encoding_learned_tests

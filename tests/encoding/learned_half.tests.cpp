@@ -12,6 +12,8 @@
 #include "support/random.hpp"
 #include "support/strided_buffer.hpp"
 
+namespace encoding_learned_half_tests {
+
 using posenc::index_t;
 using posenc::learned;
 using posenc::position_span;
@@ -147,3 +149,4 @@ TEMPLATE_TEST_CASE("learned 16-bit: a double just past a 16-bit midpoint rounds 
   CHECK(cases == 18);
   CHECK(bad == 0);
 }
+}  // namespace encoding_learned_half_tests

@@ -15,6 +15,8 @@
 #include "support/rope_reference.hpp"
 #include "support/strided_buffer.hpp"
 
+namespace encoding_rope_tests {
+
 using posenc::index_t;
 using posenc::position_span;
 using posenc::rope;
@@ -554,3 +556,4 @@ TEST_CASE("rope: cos/sin within the documented bound at every accepted position 
   run(double{});
 #endif
 }
+}  // namespace encoding_rope_tests

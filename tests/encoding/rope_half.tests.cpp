@@ -32,6 +32,8 @@
 #include "support/rope_reference.hpp"
 #include "support/strided_buffer.hpp"
 
+namespace encoding_rope_half_tests {
+
 using posenc::index_t;
 using posenc::position_span;
 using posenc::rope;
@@ -387,3 +389,4 @@ TEST_CASE("docs/encoders/rope.md: rotating 16-bit q and k in place", "[rope][hal
               Eigen::numext::bit_cast<std::uint16_t>(posenc::detail::to_storage<Eigen::half>(kw[i]));
   CHECK(differ == 0);
 }
+}  // namespace encoding_rope_half_tests

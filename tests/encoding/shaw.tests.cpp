@@ -10,6 +10,8 @@
 #include "support/catch.hpp"
 #include "support/random.hpp"
 
+namespace encoding_shaw_tests {
+
 using posenc::index_t;
 using posenc::shaw;
 
@@ -121,3 +123,4 @@ TEST_CASE("shaw: usage code of docs/encoders/relative.md", "[shaw][docs]") {
   CHECK(scores[0] == posenc_test::Approx(0.08f));
   CHECK(z[0] == posenc_test::Approx(0.02f));
 }
+}  // namespace encoding_shaw_tests

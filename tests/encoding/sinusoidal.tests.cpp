@@ -11,6 +11,8 @@
 #include "support/catch.hpp"
 #include "support/random.hpp"
 
+namespace encoding_sinusoidal_tests {
+
 using posenc::index_t;
 using posenc::sinusoidal;
 using posenc::sinusoidal_frequency;
@@ -314,3 +316,4 @@ TEST_CASE("sinusoidal and learned: a moved-from encoder stays usable", "[sinusoi
   CHECK(l.value(3, 7) == 0.25f);  // NOLINT(bugprone-use-after-move)
   CHECK(m.value(3, 7) == 0.25f);
 }
+}  // namespace encoding_sinusoidal_tests

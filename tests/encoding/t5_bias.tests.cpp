@@ -8,6 +8,8 @@
 
 #include "support/catch.hpp"
 
+namespace encoding_t5_bias_tests {
+
 using posenc::index_t;
 using posenc::t5_bias;
 using posenc::t5_bias_params;
@@ -208,3 +210,4 @@ TEST_CASE("t5_bias: usage code of docs/encoders/relative.md", "[t5][docs]") {
   CHECK(row[15] == decoder.weight(0, 0));
   CHECK(row[0] == decoder.weight(decoder.bucket(-15), 0));
 }
+}  // namespace encoding_t5_bias_tests

@@ -16,6 +16,8 @@
 #include "support/error_of.hpp"
 #include "support/transformer_xl.hpp"
 
+namespace encoding_transformer_xl_tests {
+
 using posenc::index_t;
 
 // The encoder contract: relative-key hooks with the head first, for its own element type only.
@@ -430,3 +432,4 @@ TEST_CASE("usage code of docs/backward.md: Transformer-XL's d(R) by distance", "
   CHECK(d_r.cwiseAbs().maxCoeff() < 1e-12);
   CHECK(d_r.topRows(limit).isZero());  // causal: no pair at a negative distance
 }
+}  // namespace encoding_transformer_xl_tests

@@ -11,6 +11,8 @@
 #include "support/catch.hpp"
 #include "support/random.hpp"
 
+namespace errors_absolute_tests {
+
 using posenc::index_t;
 using posenc::position_span;
 using posenc::sinusoidal_params;
@@ -173,3 +175,4 @@ TEST_CASE("errors: position helpers leave outputs untouched", "[errors]") {
   CHECK(out == copy);
   CHECK(small == std::vector<index_t>(5, 42));
 }
+}  // namespace errors_absolute_tests

@@ -9,6 +9,8 @@
 #include "support/catch.hpp"
 #include "support/random.hpp"
 
+namespace errors_aliasing_tests {
+
 using posenc::index_t;
 
 namespace {
@@ -157,3 +159,4 @@ TEST_CASE("attention aliasing: scores over the inputs or the other outputs are r
     expect_alias_error<posenc::path::reference>(a, "overlaps lse at");
   }
 }
+}  // namespace errors_aliasing_tests

@@ -35,6 +35,8 @@ struct backward_kernel<posenc_test::lse_path> {
 };
 }  // namespace posenc::detail
 
+namespace errors_backward_tests {
+
 namespace {
 
 /// q, k, v, out, dout, lse and the three gradients in ONE buffer, so a test can
@@ -433,3 +435,4 @@ TEMPLATE_TEST_CASE("attention_backward with named tensors: the positional call's
   CHECK(named(c) == "posenc::attention_backward: dout.seq is 2, expected 3 (out.seq)");
   CHECK(std::memcmp(c.buf.data(), c.before.data(), c.buf.size() * sizeof(float)) == 0);
 }
+}  // namespace errors_backward_tests

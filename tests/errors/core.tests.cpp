@@ -15,6 +15,8 @@
 #include "support/catch.hpp"
 #include "support/error_of.hpp"
 
+namespace errors_core_tests {
+
 using posenc::index_t;
 
 namespace {
@@ -99,3 +101,4 @@ TEST_CASE("errors: every core check names the function, argument, value and expe
   CHECK(error_of([] { posenc::aligned_buffer<double> b(-8); }) ==
         "posenc::aligned_buffer: n is -8, expected >= 0");
 }
+}  // namespace errors_core_tests

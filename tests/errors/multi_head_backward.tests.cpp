@@ -9,6 +9,8 @@
 #include "support/catch.hpp"
 #include "support/random.hpp"
 
+namespace errors_multi_head_backward_tests {
+
 using namespace posenc;
 using posenc_test::random_vector;
 
@@ -139,3 +141,4 @@ TEST_CASE("multi_head_attention::gradients::operator+= rejects another layer's s
     untouched();
   }
 }
+}  // namespace errors_multi_head_backward_tests

@@ -27,6 +27,8 @@
 #include "support/fake_encoders.hpp"
 #include "support/random.hpp"
 
+namespace errors_overflow_tests {
+
 using posenc::index_t;
 
 namespace {
@@ -442,3 +444,4 @@ TEST_CASE("kv_cache::append gives the strong guarantee", "[errors]") {
     }
   }
 }
+}  // namespace errors_overflow_tests

@@ -12,6 +12,8 @@
 #include "support/catch.hpp"
 #include "support/random.hpp"
 
+namespace errors_packed_tests {
+
 using posenc::index_t;
 
 namespace {
@@ -135,3 +137,4 @@ TEMPLATE_TEST_CASE("packed attention: every bad argument throws naming it, nothi
                    posenc::path::reference, posenc::path::materialized, posenc::path::fused) {
   check_every_error<TestType>();
 }
+}  // namespace errors_packed_tests

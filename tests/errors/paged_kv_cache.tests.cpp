@@ -14,6 +14,8 @@
 #include "support/error_of.hpp"
 #include "support/random.hpp"
 
+namespace errors_paged_kv_cache_tests {
+
 using posenc::index_t;
 using posenc_test::contains;
 using posenc_test::random_vector;
@@ -301,3 +303,4 @@ TEST_CASE("paged_kv_cache: page_keys and page_values check the page run", "[page
   CHECK(empty.page_keys(0, 0).seq == 0);
   REQUIRE_THROWS_WITH(empty.page_keys(0, 1), contains("count is 1, expected 0 .. 0"));
 }
+}  // namespace errors_paged_kv_cache_tests

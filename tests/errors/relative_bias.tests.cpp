@@ -12,6 +12,8 @@
 #include "support/catch.hpp"
 #include "support/error_of.hpp"
 
+namespace errors_relative_bias_tests {
+
 using posenc::alibi;
 using posenc::alibi_form;
 using posenc::index_t;
@@ -190,3 +192,4 @@ TEST_CASE("errors: shaw", "[errors][shaw]") {
   REQUIRE_THROWS_WITH(s.key_weight(0, 4), contains("dim is 4, expected 0 .. 3"));
   REQUIRE_THROWS_WITH(keys_only.value_weight(0, 0), contains("value table is absent"));
 }
+}  // namespace errors_relative_bias_tests

@@ -9,6 +9,8 @@
 #include "support/catch.hpp"
 #include "support/random.hpp"
 
+namespace errors_rope_tests {
+
 using posenc::index_t;
 using posenc::position_span;
 using posenc::rope;
@@ -380,3 +382,4 @@ TEST_CASE("rope errors: Hugging Face keys hold their kind even when the rule ign
                       contains("mscale is a bool, expected a number"));
   REQUIRE_NOTHROW(rope<float>(H, 64, hf_rope_params{{"rope_type", "linear"}, {"factor", 4.0}, {"beta_fast", 32.0}}));
 }
+}  // namespace errors_rope_tests

@@ -16,6 +16,8 @@
 #include "support/error_of.hpp"
 #include "support/transformer_xl.hpp"
 
+namespace errors_transformer_xl_tests {
+
 using posenc::index_t;
 using posenc_test::contains;
 using posenc_test::error_of;
@@ -328,3 +330,4 @@ TEST_CASE("transformer_xl: a memory cut with masks and views that hold no elemen
   for (float x : dk) CHECK(x == 0.0f);  // no query: no gradient reaches any key
   for (float x : dv) CHECK(x == 0.0f);
 }
+}  // namespace errors_transformer_xl_tests

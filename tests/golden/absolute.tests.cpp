@@ -10,6 +10,8 @@
 #include "support/catch.hpp"
 #include "support/golden.hpp"
 
+namespace golden_absolute_tests {
+
 using posenc::index_t;
 
 namespace {
@@ -199,3 +201,4 @@ TEMPLATE_TEST_CASE("golden: learned interpolation, both align_corners modes", "[
     }
   }
 }
+}  // namespace golden_absolute_tests

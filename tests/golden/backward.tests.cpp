@@ -13,6 +13,8 @@
 #include "support/golden.hpp"
 #include "support/tolerance.hpp"
 
+namespace golden_backward_tests {
+
 using namespace posenc;
 
 namespace {
@@ -235,3 +237,4 @@ TEST_CASE("golden backward: learned table by scatter-add, through the fused path
   INFO(r.describe());
   CHECK(r.ok);
 }
+}  // namespace golden_backward_tests

@@ -12,6 +12,8 @@
 #include "support/golden.hpp"
 #include "support/tolerance.hpp"
 
+namespace golden_mha_tests {
+
 using posenc::index_t;
 
 namespace {
@@ -148,3 +150,4 @@ TEST_CASE("golden: BERT-like embeddings + self-attention layer match torch", "[g
     CHECK(r.ok);
   }
 }
+}  // namespace golden_mha_tests

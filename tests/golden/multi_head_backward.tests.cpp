@@ -10,6 +10,8 @@
 #include "support/golden.hpp"
 #include "support/tolerance.hpp"
 
+namespace golden_multi_head_backward_tests {
+
 using namespace posenc;
 
 namespace {
@@ -170,3 +172,4 @@ TEST_CASE("golden backward: Transformer-XL over a segment memory, and a memory c
                   [](auto t, auto p) { return run_txl<decltype(p), decltype(t)>("txl_cut", 3, 4, 2); });
   }
 }
+}  // namespace golden_multi_head_backward_tests

@@ -12,6 +12,8 @@
 #include "support/catch.hpp"
 #include "support/golden.hpp"
 
+namespace golden_relative_bias_tests {
+
 using posenc::index_t;
 
 namespace {
@@ -161,3 +163,4 @@ TEMPLATE_TEST_CASE("golden: Shaw score and value terms", "[golden][shaw]", float
                      want_v[static_cast<std::size_t>(i * dh + d)]) <= tol);
   }
 }
+}  // namespace golden_relative_bias_tests

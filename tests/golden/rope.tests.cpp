@@ -11,6 +11,8 @@
 #include "support/catch.hpp"
 #include "support/golden.hpp"
 
+namespace golden_rope_tests {
+
 using posenc::index_t;
 using posenc::rope;
 using posenc::rope_layout;
@@ -150,3 +152,4 @@ TEMPLATE_TEST_CASE("rope golden: rotated heads, both layouts, bases 1e4 and 5e5,
           }
   CHECK(records == 2 * 3 * 2 * 10);  // bases x shapes x layouts x (config, length)
 }
+}  // namespace golden_rope_tests

@@ -11,6 +11,8 @@
 #include "support/catch.hpp"
 #include "support/golden.hpp"
 
+namespace golden_transformer_xl_tests {
+
 using posenc::index_t;
 
 namespace {
@@ -179,3 +181,4 @@ TEMPLATE_TEST_CASE("golden: Transformer-XL from R by distance (HF's r_head_k, no
   SECTION("materialized") { check_r_case<posenc::path::materialized, T>("rtab"); }
   SECTION("fused") { check_r_case<posenc::path::fused, T>("rtab"); }
 }
+}  // namespace golden_transformer_xl_tests

@@ -25,6 +25,8 @@
 #include "support/strided_views.hpp"
 #include "support/tolerance.hpp"
 
+namespace paths_fused_tests {
+
 // Allocation counter (tests/support/counting_new.hpp replaces operator new here).
 using posenc_test::g_allocations;
 using posenc_test::g_bytes;
@@ -589,3 +591,4 @@ TEST_CASE("simd::transpose transposes a width x width block", "[fused][simd]") {
   check(0.0f);
   check(0.0);
 }
+}  // namespace paths_fused_tests

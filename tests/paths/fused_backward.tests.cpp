@@ -26,6 +26,8 @@
 #include "support/random.hpp"
 #include "support/tolerance.hpp"
 
+namespace paths_fused_backward_tests {
+
 // Allocation counter (tests/support/counting_new.hpp replaces operator new here).
 using posenc_test::g_allocations;
 using posenc_test::g_bytes;
@@ -434,3 +436,4 @@ TEST_CASE("fused backward: no allocation grows with Sq x Sk", "[fused][backward]
     CHECK(large < 2048 * 2048 * 4 / 16 + lse_check * 2048);
   }
 }
+}  // namespace paths_fused_backward_tests

@@ -19,6 +19,8 @@
 #include "support/random.hpp"
 #include "support/tolerance.hpp"
 
+namespace paths_materialized_tests {
+
 using posenc::index_t;
 
 namespace {
@@ -178,3 +180,4 @@ TEST_CASE("materialized path agrees with the reference (tolerance rule: <= 2x th
         c, posenc::shaw<float>(3, c.D, posenc::shaw_terms::keys_and_values, 9, 0.5), "shaw");
   }
 }
+}  // namespace paths_materialized_tests

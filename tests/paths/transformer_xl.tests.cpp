@@ -11,6 +11,8 @@
 #include "support/tolerance.hpp"
 #include "support/transformer_xl.hpp"
 
+namespace paths_transformer_xl_tests {
+
 using posenc::index_t;
 
 namespace {
@@ -138,3 +140,4 @@ TEST_CASE("Transformer-XL: in-place attention (out is q) on every path", "[paths
   CHECK(posenc_test::max_abs_diff(run_in_place(posenc::path::fused{}), ref_out) < 1e-5);
   CHECK(posenc_test::max_abs_diff(run_in_place(posenc::path::materialized{}), ref_out) < 1e-5);
 }
+}  // namespace paths_transformer_xl_tests

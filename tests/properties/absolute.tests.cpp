@@ -21,6 +21,8 @@
 #include "support/catch.hpp"
 #include "support/random.hpp"
 
+namespace properties_absolute_tests {
+
 using posenc::index_t;
 using posenc::sinusoidal_frequency;
 using posenc::sinusoidal_layout;
@@ -205,3 +207,4 @@ TEST_CASE("property 6b: fairseq left and right padding give the real tokens the 
       for (index_t c = 0; c < 12; ++c) CHECK(x[static_cast<std::size_t>(s * 12 + c)] == 0.0f);
   }
 }
+}  // namespace properties_absolute_tests

@@ -24,6 +24,8 @@
 #include "support/fake_encoders.hpp"
 #include "support/random.hpp"
 
+namespace properties_attention_tests {
+
 using posenc::index_t;
 using posenc_test::random_vector;
 
@@ -350,3 +352,4 @@ TEMPLATE_TEST_CASE("property 8: a padded batch equals the sequences one at a tim
     CHECK(e < 1e-12);
   });
 }
+}  // namespace properties_attention_tests

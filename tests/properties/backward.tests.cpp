@@ -10,6 +10,8 @@
 #include "support/catch.hpp"
 #include "support/transformer_xl.hpp"
 
+namespace properties_backward_tests {
+
 using namespace posenc;
 using posenc_test::attention_problem;
 using posenc_test::max_abs_diff;
@@ -217,3 +219,4 @@ TEST_CASE("backward property 3: the GQA gradient is the repeated-heads problem's
   CHECK(max_abs_diff(std::vector<double>(g1.table.data(), g1.table.data() + g1.table.size()),
                      std::vector<double>(g2.table.data(), g2.table.data() + g2.table.size())) <= 1e-14);
 }
+}  // namespace properties_backward_tests

@@ -14,6 +14,8 @@
 #include "support/catch.hpp"
 #include "support/random.hpp"
 
+namespace properties_invisible_keys_tests {
+
 using posenc::index_t;
 
 namespace {
@@ -162,3 +164,4 @@ TEST_CASE("a key a row cannot see has no influence on it, even holding NaN or In
 TEST_CASE("a key a row cannot see has no influence on it, even holding NaN or Inf: fused", "[properties]") {
   check_path<posenc::path::fused>("fused");
 }
+}  // namespace properties_invisible_keys_tests

@@ -12,6 +12,8 @@
 #include "support/catch.hpp"
 #include "support/random.hpp"
 
+namespace properties_non_finite_tests {
+
 using posenc::index_t;
 
 namespace {
@@ -249,3 +251,4 @@ TEST_CASE("NaN or Inf a row sees reaches it by one rule: materialized", "[proper
 TEST_CASE("NaN or Inf a row sees reaches it by one rule: fused", "[properties]") {
   check_path<posenc::path::fused>("fused");
 }
+}  // namespace properties_non_finite_tests

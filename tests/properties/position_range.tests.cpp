@@ -16,6 +16,8 @@
 #include "support/catch.hpp"
 #include "support/random.hpp"
 
+namespace properties_position_range_tests {
+
 using posenc::index_t;
 
 namespace {
@@ -98,3 +100,4 @@ TEST_CASE("positions at the top of the accepted range give the results at small 
     }
   });
 }
+}  // namespace properties_position_range_tests

@@ -21,6 +21,8 @@
 #include "support/catch.hpp"
 #include "support/random.hpp"
 
+namespace properties_relative_bias_tests {
+
 using posenc::alibi;
 using posenc::alibi_form;
 using posenc::index_t;
@@ -187,3 +189,4 @@ TEST_CASE("property 5: clipped and Shaw rows are constant beyond the clip distan
   for (index_t j = 100 + k; j < 200; ++j) REQUIRE(row[static_cast<std::size_t>(j)] == c.weight(2 * k, 1));
   for (index_t j = 100 - k + 1; j < 100 + k; ++j) REQUIRE(row[static_cast<std::size_t>(j)] == c.weight(j - 100 + k, 1));
 }
+}  // namespace properties_relative_bias_tests

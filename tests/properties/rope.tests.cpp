@@ -13,6 +13,8 @@
 #include "support/catch.hpp"
 #include "support/random.hpp"
 
+namespace properties_rope_tests {
+
 using posenc::index_t;
 using posenc::position_span;
 using posenc::rope;
@@ -206,3 +208,4 @@ TEST_CASE("rope property 5: the partial-rotary tail is untouched (in place, inve
     CHECK(tail);
   }
 }
+}  // namespace properties_rope_tests

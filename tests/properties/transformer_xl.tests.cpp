@@ -11,6 +11,8 @@
 #include "support/random.hpp"
 #include "support/transformer_xl.hpp"
 
+namespace properties_transformer_xl_tests {
+
 using posenc::index_t;
 
 TEST_CASE("Transformer-XL 1: the position term depends on positions only through p_i - p_j",
@@ -145,3 +147,4 @@ TEST_CASE("Transformer-XL 4: a memory longer than memory_length is cut to its mo
     CHECK(posenc_test::max_abs_diff(a, want) == 0.0);
   }
 }
+}  // namespace properties_transformer_xl_tests
