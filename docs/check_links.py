@@ -3,9 +3,11 @@
 # Checks that every relative link of the docs points at a file or folder that
 # exists: in README.md and docs/**/*.md, each [text](target), ![alt](target)
 # and reference definition "[name]: target" is resolved against the folder of
-# the page that holds it. Links with a scheme (http:, https:, mailto:, ...) and
-# pure #anchors are not checked; a #fragment is cut off before the lookup.
-# Code (fenced blocks and `inline code`) is not read for links.
+# the page that holds it, and a #fragment (alone, or after a .md page) must name
+# a heading of that page, spelled as GitHub makes its anchors (lower case,
+# punctuation dropped, spaces as hyphens, -1, -2, ... after repeats). Links with
+# a scheme (http:, https:, mailto:, ...) are not checked. Code (fenced blocks
+# and `inline code`) is not read for links.
 #
 #   python3 docs/check_links.py [repository root]
 #
@@ -39,19 +41,64 @@ def targets(line):
     return found
 
 
+heading = re.compile(r"^\s{0,3}(#{1,6})\s+(.*?)\s*#*\s*$")
+markup_link = re.compile(r"!?\[([^\]]*)\]\([^)]*\)")
+
+
+def slug(text):
+    text = markup_link.sub(r"\1", text).replace("`", "").strip().lower()
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
+
+
+anchor_cache = {}
+
+
+def anchors(page):
+    """The anchors GitHub gives the headings of a Markdown page."""
+    if page not in anchor_cache:
+        seen = {}
+        found = set()
+        in_code = None
+        for line in page.read_text(errors="replace").splitlines():
+            m = fence.match(line)
+            if m:
+                if in_code is None:
+                    in_code = m.group(1)
+                elif m.group(1) == in_code:
+                    in_code = None
+                continue
+            if in_code is not None:
+                continue
+            h = heading.match(line)
+            if not h:
+                continue
+            base = slug(h.group(2))
+            n = seen.get(base, 0)
+            seen[base] = n + 1
+            found.add(base if n == 0 else f"{base}-{n}")
+        anchor_cache[page] = found
+    return anchor_cache[page]
+
+
 def broken(page, target):
     if target.startswith("<") and target.endswith(">"):
         target = target[1:-1]
-    if not target or target.startswith("#") or scheme.match(target):
+    if not target or scheme.match(target):
         return False
+    fragment = target.split("#", 1)[1] if "#" in target else ""
     path = urllib.parse.unquote(target.split("#", 1)[0].split("?", 1)[0])
     if not path:
-        return False
-    if path.startswith("/"):
+        resolved = page
+    elif path.startswith("/"):
         resolved = root / path.lstrip("/")
     else:
         resolved = page.parent / path
-    return not resolved.exists()
+    if not resolved.exists():
+        return True
+    if fragment and resolved.suffix == ".md" and resolved.is_file():
+        return urllib.parse.unquote(fragment).lower() not in anchors(resolved)
+    return False
 
 
 checked = bad = 0
