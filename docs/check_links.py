@@ -41,6 +41,21 @@ def targets(line):
     return found
 
 
+def prose_lines(page):
+    """(line number, line) of a page outside its fenced code blocks."""
+    in_code = None
+    for number, line in enumerate(page.read_text(errors="replace").splitlines(), start=1):
+        m = fence.match(line)
+        if m:
+            if in_code is None:
+                in_code = m.group(1)
+            elif m.group(1) == in_code:
+                in_code = None
+            continue
+        if in_code is None:
+            yield number, line
+
+
 heading = re.compile(r"^\s{0,3}(#{1,6})\s+(.*?)\s*#*\s*$")
 markup_link = re.compile(r"!?\[([^\]]*)\]\([^)]*\)")
 
@@ -59,17 +74,7 @@ def anchors(page):
     if page not in anchor_cache:
         seen = {}
         found = set()
-        in_code = None
-        for line in page.read_text(errors="replace").splitlines():
-            m = fence.match(line)
-            if m:
-                if in_code is None:
-                    in_code = m.group(1)
-                elif m.group(1) == in_code:
-                    in_code = None
-                continue
-            if in_code is not None:
-                continue
+        for _, line in prose_lines(page):
             h = heading.match(line)
             if not h:
                 continue
@@ -103,17 +108,7 @@ def broken(page, target):
 
 checked = bad = 0
 for page in pages:
-    in_code = None
-    for number, line in enumerate(page.read_text(errors="replace").splitlines(), start=1):
-        m = fence.match(line)
-        if m:
-            if in_code is None:
-                in_code = m.group(1)
-            elif m.group(1) == in_code:
-                in_code = None
-            continue
-        if in_code is not None:
-            continue
+    for number, line in prose_lines(page):
         for target in targets(line):
             checked += 1
             if broken(page, target):
