@@ -452,6 +452,20 @@ int main(int argc, char** argv) {
                                  [c](benchmark::State& s) { cache_decode_bench<Eigen::bfloat16>(s, c); })
         ->Unit(benchmark::kMillisecond)->MinTime(0.3)->UseManualTime();
   }
+  // Decode against context length: the kv_cache rows above at Sk from 1k to 32k keys (4k is
+  // above), one thread (scripts/plot_bench.py --decode draws them).
+  for (index_t Sk : {1024, 2048, 8192, 16384, 32768}) {
+    config const c{1, Sk, 8, 8, 128, true, 1};
+    benchmark::RegisterBenchmark(name_of("fused_cache", c).c_str(),
+                                 [c](benchmark::State& s) { cache_decode_bench<float>(s, c); })
+        ->Unit(benchmark::kMillisecond)->MinTime(0.3)->UseManualTime();
+    benchmark::RegisterBenchmark(name_of("fused_cache_f16", c).c_str(),
+                                 [c](benchmark::State& s) { cache_decode_bench<Eigen::half>(s, c); })
+        ->Unit(benchmark::kMillisecond)->MinTime(0.3)->UseManualTime();
+    benchmark::RegisterBenchmark(name_of("fused_cache_bf16", c).c_str(),
+                                 [c](benchmark::State& s) { cache_decode_bench<Eigen::bfloat16>(s, c); })
+        ->Unit(benchmark::kMillisecond)->MinTime(0.3)->UseManualTime();
+  }
   // Prefill with K and V (fused_kv_*) or q, K, V and out (fused_all_*) stored in
   // 16 bits, beside the float fused rows of the same shape.
   for (index_t S : {1024, 4096})

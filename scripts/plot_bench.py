@@ -1,7 +1,9 @@
 #!/usr/bin/python3
 # SPDX-License-Identifier: MIT
-# Draws GFLOP/s against S for each attention path, with the in-run GEMM and FMA peak lines, from Google Benchmark JSON.
+# Draws GFLOP/s against S for each attention path, with the in-run GEMM and FMA peak lines, and the
+# decode time against context length, from Google Benchmark JSON.
 """Usage: /usr/bin/python3 scripts/plot_bench.py attention.json [docs/img/attention_gflops.png] [--table]
+                                    [--decode docs/img/decode_context.png]
 
 Reads the JSON written by `posenc_bench_attention --benchmark_out=attention.json
 --benchmark_out_format=json`. Single-thread rates are computed from the
@@ -11,6 +13,9 @@ entries from their manual time (the call alone: a read of K and V follows each
 call, and its ratio is the entry's x_stream counter).
 With --table, prints the Markdown table of the run: docs/performance.md ("Attention")
 shows its main rows, docs/performance-log.md all of them.
+With --decode FILE, also draws the kv_cache decode rows (one query, H = Hkv = 8, D = 128,
+one thread) against the context length Sk: the time of a call beside the time to read the
+cache's K and V once (the call's time / x_stream, measured in the same loop), and x_stream.
 """
 import json
 import re
@@ -64,7 +69,7 @@ def parse(benches):
                    int(m.group(7)), int(m.group(8)))
             cpu = key[-1] == 1 and "x_stream" not in b
             att[key] = {"gflops": rate(b), "ms": (b["cpu_time"] if cpu else b["real_time"]),
-                        "unit": b.get("time_unit", "ms")}
+                        "unit": b.get("time_unit", "ms"), "x_stream": b.get("x_stream")}
     return peak, gemm, att
 
 
@@ -103,6 +108,44 @@ def plot(peak, gemm, att, out):
     fig.savefig(out, dpi=80)
 
 
+def plot_decode(att, out):
+    """Decode through a kv_cache of float, binary16 and bfloat16 against the context length."""
+    fig, (ax_t, ax_x) = plt.subplots(1, 2, figsize=(10, 4))
+    kinds = (("fused_cache", "float", "C0"), ("fused_cache_f16", "binary16", "C1"), ("fused_cache_bf16", "bfloat16", "C2"))
+    drawn = 0
+    for path, label, color in kinds:
+        pts = sorted((k[5], v["ms"], v["x_stream"]) for k, v in att.items()
+                     if k[0] == path and k[1] == "causal" and k[2] == 8 and k[3] == 8 and k[4] == 1 and k[6] == 128
+                     and k[7] == 1 and v.get("x_stream"))
+        if not pts:
+            continue
+        drawn += 1
+        sk = [p[0] for p in pts]
+        ax_t.plot(sk, [p[1] for p in pts], "o-", color=color, label=f"decode, {label} cache")
+        ax_t.plot(sk, [p[1] / p[2] for p in pts], "--", color=color, linewidth=1, label=f"read of its K and V ({label})")
+        ax_x.plot(sk, [p[2] for p in pts], "o-", color=color, label=f"{label} cache")
+    if not drawn:
+        raise SystemExit("--decode: no fused_cache rows (causal, H8_Hkv8, Sq1, D128, threads:1) in the run")
+    ticks = sorted({k[5] for k, v in att.items() if k[0].startswith("fused_cache") and k[4] == 1})
+    for ax in (ax_t, ax_x):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ticks)
+        ax.set_xticklabels([f"{t // 1024}k" if t % 1024 == 0 else str(t) for t in ticks])
+        ax.set_xlabel("context length Sk (keys in the cache)")
+        ax.grid(True, which="both", alpha=0.3)
+    ax_t.set_yscale("log")
+    ax_t.set_ylabel("ms per decode step (8 heads, D 128)")
+    ax_t.set_title("decode time, 1 thread")
+    ax_t.legend(fontsize=7, loc="upper left")
+    ax_x.set_ylabel("decode time / read time (x_stream)")
+    ax_x.set_ylim(bottom=1.0)
+    ax_x.axhline(1.0, color="black", linewidth=0.8)
+    ax_x.set_title("x_stream (1.0: the time to read K and V once)")
+    ax_x.legend(fontsize=7, loc="upper right")
+    fig.tight_layout()
+    fig.savefig(out, dpi=80)
+
+
 def table(peak, gemm, att):
     rows = ["| path | mask | H / Hkv | Sq x Sk | D | threads | time (ms) | GFLOP/s | / FMA peak | / Eigen GEMMs |",
             "|---|---|---|---|---|---|---|---|---|---|"]
@@ -117,13 +160,24 @@ def table(peak, gemm, att):
 
 
 def main(argv):
+    decode_out = None
+    if "--decode" in argv:
+        i = argv.index("--decode")
+        if i + 1 >= len(argv) or argv[i + 1].startswith("--"):
+            print("--decode needs an output file")
+            return 2
+        decode_out = argv[i + 1]
+        argv = argv[:i] + argv[i + 2:]
     args = [a for a in argv[1:] if not a.startswith("--")]
     if not args:
         print(__doc__)
         return 2
     out = args[1] if len(args) > 1 else "docs/img/attention_gflops.png"
     peak, gemm, att = parse(load(args[0]))
-    plot(peak, gemm, att, out)
+    if any(k[4] == k[5] for k in att):  # prefill rows: the GFLOP/s figure
+        plot(peak, gemm, att, out)
+    if decode_out:
+        plot_decode(att, decode_out)
     if "--table" in argv:
         print(f"FMA peak (1 core): {peak:.1f} GFLOP/s" if peak else "no FMA peak in the run")
         print(table(peak, gemm, att))
