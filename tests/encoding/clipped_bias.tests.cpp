@@ -1,11 +1,17 @@
 // SPDX-License-Identifier: MIT
 // clipped_bias: bias against the clipped-index formula, bias_row against bias, K = 0, tables.
 #include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <posenc/core/half.hpp>
 #include <posenc/encoding/clipped_bias.hpp>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "support/catch.hpp"
+#include "support/encoder_runs.hpp"
+#include "support/random.hpp"
 
 namespace encoding_clipped_bias_tests {
 
@@ -93,5 +99,140 @@ TEST_CASE("clipped_bias: usage code of docs/encoders/relative.md", "[clipped][do
   std::vector<float> const want = {-2, -2, -2, -2, 0, 0, 0, 1, 1, 1};
   CHECK(row == want);
   CHECK(std::abs(seeded.weight(0, 0)) <= 0.04f);
+}
+
+namespace {
+
+/// A row-major (rows, cols) buffer of T holding random values in [-1, 1).
+template <class T>
+std::vector<T> random_buffer(index_t rows, index_t cols, std::uint64_t seed) {
+  auto const v = posenc_test::random_vector<float>(static_cast<std::size_t>(rows * cols), seed);
+  std::vector<T> out(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) out[i] = static_cast<T>(v[i]);
+  return out;
+}
+
+template <class T>
+Eigen::Map<const posenc::relative_table<T>> as_table(std::vector<T> const& b, index_t rows, index_t cols) {
+  return Eigen::Map<const posenc::relative_table<T>>(b.data(), rows, cols);
+}
+
+/// Bias rows of a and b over many (head, q_pos, k_pos_first, count), windows
+/// and tiles straddling them included: the number of elements that differ.
+template <class A, class B>
+std::size_t bias_row_mismatches(A const& a, B const& b, index_t heads) {
+  std::size_t bad = 0;
+  for (index_t h = 0; h < heads; ++h)
+    for (index_t q : {0, 5, 40, 300})
+      for (index_t k0 : {0, 3, 37, 290})
+        for (index_t n : {1, 7, 16, 33, 200}) {
+          auto x = posenc_test::random_vector<float>(static_cast<std::size_t>(n), static_cast<std::uint64_t>(n));
+          auto y = x;
+          a.bias_row(h, q, k0, n, x.data());
+          b.bias_row(h, q, k0, n, y.data());
+          for (std::size_t j = 0; j < x.size(); ++j) bad += x[j] != y[j] ? 1 : 0;
+        }
+  return bad;
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("clipped_bias: view_of reads the caller's table in place, bit for bit an owned copy of it",
+                   "[clipped][view]", float, Eigen::half) {
+  using T = TestType;
+  using posenc::detail::stored_value;
+  // K >= 1: with K = 0 every key of a head gets one bias, which the softmax cancels (no step would show).
+  // One head: the caller's layout is then contiguous too.
+  for (auto [k, heads] : {std::pair<index_t, index_t>{1, 2}, {3, 2}, {40, 2}, {3, 1}}) {  // 40: a long window
+    INFO("K " << k << " heads " << heads);
+    index_t const rows = 2 * k + 1;
+    std::vector<T> buf = random_buffer<T>(rows, heads, static_cast<std::uint64_t>(5 + k));
+    auto const view = clipped_bias<T>::view_of(k, heads, posenc::span<const T>(buf));
+    clipped_bias<T> const owned(k, heads, as_table(buf, rows, heads));
+    CHECK_FALSE(view.owns_table());
+    CHECK(owned.owns_table());
+    std::size_t bad = 0;
+    for (index_t r = 0; r < rows; ++r)
+      for (index_t h = 0; h < heads; ++h) {
+        bad += view.weight(r, h) != owned.weight(r, h) ? 1 : 0;
+        bad += view.weight(r, h) != stored_value<float>(buf[static_cast<std::size_t>(r * heads + h)]) ? 1 : 0;
+      }
+    CHECK(bad == 0);
+    CHECK(view.bias(heads - 1, 30, 2) == owned.bias(heads - 1, 30, 2));
+    CHECK(bias_row_mismatches(view, owned, heads) == 0);
+    CHECK(view.identity() == owned.identity());
+
+    posenc_test::encoder_run_shape const s{heads, 8};
+    auto const fused = posenc_test::attention_output<posenc::path::fused>(view, s);
+    auto const reference = posenc_test::attention_output<posenc::path::reference>(view, s);
+    CHECK(fused == posenc_test::attention_output<posenc::path::fused>(owned, s));
+    CHECK(reference == posenc_test::attention_output<posenc::path::reference>(owned, s));
+
+    // The gradients have the table's shape: an optimiser step on the buffer in place.
+    auto const g = posenc_test::attention_encoder_gradients<posenc::path::fused>(view, s);
+    CHECK(g.table == posenc_test::attention_encoder_gradients<posenc::path::fused>(owned, s).table);
+    CHECK(posenc_test::attention_encoder_gradients<posenc::path::reference>(view, s).table ==
+          posenc_test::attention_encoder_gradients<posenc::path::reference>(owned, s).table);
+    REQUIRE(g.table.rows() == rows);
+    REQUIRE(g.table.cols() == heads);
+    auto const id_before = view.identity();
+    std::size_t changed = 0;
+    for (std::size_t i = 0; i < buf.size(); ++i) {
+      T const old = buf[i];
+      buf[i] = static_cast<T>(stored_value<float>(buf[i]) - 4.0f * g.table.data()[i]);
+      changed += stored_value<float>(buf[i]) != stored_value<float>(old) ? 1 : 0;
+    }
+    REQUIRE(changed > 0);
+    clipped_bias<T> const fresh(k, heads, as_table(buf, rows, heads));
+    auto const fused_after = posenc_test::attention_output<posenc::path::fused>(view, s);
+    CHECK(fused_after == posenc_test::attention_output<posenc::path::fused>(fresh, s));
+    CHECK(fused_after != fused);
+    CHECK(posenc_test::attention_output<posenc::path::reference>(view, s) ==
+          posenc_test::attention_output<posenc::path::reference>(fresh, s));
+    CHECK(bias_row_mismatches(view, fresh, heads) == 0);
+    CHECK(view.identity() == fresh.identity());
+    CHECK(view.identity() != id_before);
+    // The owned copy kept the old values.
+    CHECK(owned.identity() == id_before);
+    CHECK(posenc_test::attention_output<posenc::path::fused>(owned, s) == fused);
+  }
+}
+
+TEMPLATE_TEST_CASE("clipped_bias: copies outlive an owned original; copies of a view read the buffer",
+                   "[clipped][view]", float, Eigen::half) {
+  using T = TestType;
+  index_t const heads = 3, k = 5, rows = 2 * k + 1;
+  std::vector<T> buf = random_buffer<T>(rows, heads, 4);
+  clipped_bias<T> const expect(k, heads, as_table(buf, rows, heads));
+  {  // Owned: copy-constructed and copy-assigned, then the original goes.
+    auto original = std::make_unique<clipped_bias<T>>(k, heads, as_table(buf, rows, heads));
+    clipped_bias<T> copy = *original;
+    clipped_bias<T> assigned(k, heads, 99);
+    assigned = *original;
+    original.reset();
+    std::vector<T>(buf.size(), T(0)).swap(buf);  // the caller's table changes: owned copies keep theirs
+    CHECK(copy.owns_table());
+    CHECK(bias_row_mismatches(copy, expect, heads) == 0);
+    CHECK(bias_row_mismatches(assigned, expect, heads) == 0);
+    CHECK(copy.identity() == expect.identity());
+    CHECK(assigned.identity() == expect.identity());
+  }
+  buf = random_buffer<T>(rows, heads, 4);
+  {  // Borrowed: the copies read the same buffer, after the original goes too.
+    auto original = std::make_unique<clipped_bias<T>>(clipped_bias<T>::view_of(k, heads, posenc::span<const T>(buf)));
+    clipped_bias<T> copy = *original;
+    clipped_bias<T> assigned(k, heads, 99);
+    assigned = *original;
+    original.reset();
+    CHECK_FALSE(copy.owns_table());
+    CHECK_FALSE(assigned.owns_table());
+    CHECK(bias_row_mismatches(copy, expect, heads) == 0);
+    for (auto& x : buf) x = static_cast<T>(-posenc::detail::stored_value<float>(x) + 0.25f);
+    clipped_bias<T> const changed(k, heads, as_table(buf, rows, heads));
+    CHECK(bias_row_mismatches(copy, changed, heads) == 0);
+    CHECK(bias_row_mismatches(assigned, changed, heads) == 0);
+    CHECK(bias_row_mismatches(copy, expect, heads) > 0);
+    CHECK(copy.identity() == changed.identity());
+  }
 }
 }  // namespace encoding_clipped_bias_tests

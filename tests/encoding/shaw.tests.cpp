@@ -2,12 +2,16 @@
 // shaw: score_row and value_row against the direct formulas of Shaw et al. (docs/formulas.md 4.3).
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
+#include <memory>
+#include <posenc/core/half.hpp>
 #include <posenc/encoding/shaw.hpp>
 #include <random>
 #include <vector>
 
 #include "support/catch.hpp"
+#include "support/encoder_runs.hpp"
 #include "support/random.hpp"
 
 namespace encoding_shaw_tests {
@@ -122,5 +126,184 @@ TEST_CASE("shaw: usage code of docs/encoders/relative.md", "[shaw][docs]") {
   // --- end ---
   CHECK(scores[0] == posenc_test::Approx(0.08f));
   CHECK(z[0] == posenc_test::Approx(0.02f));
+}
+
+namespace {
+
+/// A row-major (rows, cols) buffer of T holding random values in [-1, 1).
+template <class T>
+std::vector<T> random_buffer(index_t rows, index_t cols, std::uint64_t seed) {
+  auto const v = posenc_test::random_vector<float>(static_cast<std::size_t>(rows * cols), seed);
+  std::vector<T> out(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) out[i] = static_cast<T>(v[i]);
+  return out;
+}
+
+template <class T>
+Eigen::Map<const posenc::relative_table<T>> as_table(std::vector<T> const& b, index_t rows, index_t cols) {
+  return Eigen::Map<const posenc::relative_table<T>>(b.data(), rows, cols);
+}
+
+/// score_row and value_row of a and b over many (q_pos, k_pos_first, count):
+/// the number of elements that differ.
+template <class A, class B>
+std::size_t row_mismatches(A const& a, B const& b, index_t d) {
+  std::size_t bad = 0;
+  auto const qrow = posenc_test::random_vector<float>(static_cast<std::size_t>(d), 21);
+  for (index_t q : {0, 3, 30})
+    for (index_t k0 : {0, 2, 25})
+      for (index_t n : {1, 6, 20}) {
+        auto x = posenc_test::random_vector<float>(static_cast<std::size_t>(n), static_cast<std::uint64_t>(3 + n));
+        auto y = x;
+        a.score_row(qrow.data(), q, k0, n, 0.375f, x.data());
+        b.score_row(qrow.data(), q, k0, n, 0.375f, y.data());
+        for (std::size_t j = 0; j < x.size(); ++j) bad += x[j] != y[j] ? 1 : 0;
+        auto const pr = posenc_test::random_vector<float>(static_cast<std::size_t>(n), static_cast<std::uint64_t>(5 + n), 0.0);
+        auto u = posenc_test::random_vector<float>(static_cast<std::size_t>(d), 6);
+        auto w = u;
+        a.value_row(pr.data(), q, k0, n, u.data());
+        b.value_row(pr.data(), q, k0, n, w.data());
+        for (std::size_t c = 0; c < u.size(); ++c) bad += u[c] != w[c] ? 1 : 0;
+      }
+  return bad;
+}
+
+/// The owned encoder of aK (and aV when `values`), as the constructors take them.
+template <class T>
+shaw<T> owned_of(index_t k, index_t d, std::vector<T> const& ak, std::vector<T> const& av, bool values) {
+  index_t const rows = 2 * k + 1;
+  return values ? shaw<T>(k, as_table(ak, rows, d), as_table(av, rows, d)) : shaw<T>(k, as_table(ak, rows, d));
+}
+
+/// view_of over aK (and aV when `values`).
+template <class T>
+shaw<T> view_of(index_t k, index_t d, std::vector<T> const& ak, std::vector<T> const& av, bool values) {
+  return values ? shaw<T>::view_of(k, d, posenc::span<const T>(ak), posenc::span<const T>(av))
+                : shaw<T>::view_of(k, d, posenc::span<const T>(ak));
+}
+
+/// x -= lr * g, elementwise over a row-major buffer, in T.
+template <class T>
+std::size_t step(std::vector<T>& x, posenc::relative_table<float> const& g, float lr) {
+  std::size_t changed = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    float const old = posenc::detail::stored_value<float>(x[i]);
+    x[i] = static_cast<T>(old - lr * g.data()[i]);
+    changed += posenc::detail::stored_value<float>(x[i]) != old ? 1 : 0;
+  }
+  return changed;
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("shaw: view_of reads the caller's tables in place, bit for bit an owned copy of them",
+                   "[shaw][view]", float, Eigen::half) {
+  using T = TestType;
+  index_t const k = 4, rows = 2 * k + 1;
+  for (index_t d : {8, 37}) {  // 37: SIMD batches and a tail
+    for (bool values : {false, true}) {
+      INFO("head_dim " << d << " values " << values);
+      std::vector<T> ak = random_buffer<T>(rows, d, 7), av = random_buffer<T>(rows, d, 8);
+      shaw<T> const view = view_of(k, d, ak, av, values);
+      shaw<T> const owned = owned_of(k, d, ak, av, values);
+      CHECK_FALSE(view.owns_tables());
+      CHECK(owned.owns_tables());
+      CHECK(view.has_values() == values);
+      CHECK(view.head_dim() == d);
+      std::size_t bad = 0;
+      for (index_t r = 0; r < rows; ++r)
+        for (index_t c = 0; c < d; ++c) {
+          auto const i = static_cast<std::size_t>(r * d + c);
+          bad += view.key_weight(r, c) != owned.key_weight(r, c) ? 1 : 0;
+          bad += view.key_weight(r, c) != posenc::detail::stored_value<float>(ak[i]) ? 1 : 0;
+          if (values) bad += view.value_weight(r, c) != posenc::detail::stored_value<float>(av[i]) ? 1 : 0;
+        }
+      CHECK(bad == 0);
+      CHECK(row_mismatches(view, owned, d) == 0);
+      CHECK(view.identity() == owned.identity());
+
+      posenc_test::encoder_run_shape const s{2, d};
+      auto const fused = posenc_test::attention_output<posenc::path::fused>(view, s);
+      CHECK(fused == posenc_test::attention_output<posenc::path::fused>(owned, s));
+      CHECK(posenc_test::attention_output<posenc::path::reference>(view, s) ==
+            posenc_test::attention_output<posenc::path::reference>(owned, s));
+
+      // The gradients have the tables' shapes: an optimiser step on the buffers in place.
+      auto const g = posenc_test::attention_encoder_gradients<posenc::path::fused>(view, s);
+      auto const go = posenc_test::attention_encoder_gradients<posenc::path::fused>(owned, s);
+      CHECK(g.key == go.key);
+      CHECK(g.value == go.value);
+      auto const gr = posenc_test::attention_encoder_gradients<posenc::path::reference>(view, s);
+      auto const gro = posenc_test::attention_encoder_gradients<posenc::path::reference>(owned, s);
+      CHECK(gr.key == gro.key);
+      CHECK(gr.value == gro.value);
+      REQUIRE(g.key.rows() == rows);
+      REQUIRE(g.key.cols() == d);
+      REQUIRE(g.value.rows() == (values ? rows : 0));
+      auto const id_before = view.identity();
+      REQUIRE(step(ak, g.key, 4.0f) > 0);
+      if (values) REQUIRE(step(av, g.value, 4.0f) > 0);
+      shaw<T> const fresh = owned_of(k, d, ak, av, values);
+      auto const fused_after = posenc_test::attention_output<posenc::path::fused>(view, s);
+      CHECK(fused_after == posenc_test::attention_output<posenc::path::fused>(fresh, s));
+      CHECK(fused_after != fused);
+      CHECK(posenc_test::attention_output<posenc::path::reference>(view, s) ==
+            posenc_test::attention_output<posenc::path::reference>(fresh, s));
+      CHECK(row_mismatches(view, fresh, d) == 0);
+      CHECK(view.identity() == fresh.identity());
+      CHECK(view.identity() != id_before);
+      // The owned copy kept the old values.
+      CHECK(owned.identity() == id_before);
+      CHECK(posenc_test::attention_output<posenc::path::fused>(owned, s) == fused);
+      if (values) {  // a step on aV alone shows too
+        auto const id_keys = view.identity();
+        av[0] = static_cast<T>(posenc::detail::stored_value<float>(av[0]) + 0.5f);
+        CHECK(view.identity() != id_keys);
+        CHECK(view.value_weight(0, 0) == posenc::detail::stored_value<float>(av[0]));
+      }
+    }
+  }
+}
+
+TEMPLATE_TEST_CASE("shaw: copies outlive an owned original; copies of a view read the buffers", "[shaw][view]", float,
+                   Eigen::half) {
+  using T = TestType;
+  index_t const k = 3, d = 8, rows = 2 * k + 1;
+  std::vector<T> ak = random_buffer<T>(rows, d, 4), av = random_buffer<T>(rows, d, 5);
+  shaw<T> const expect = owned_of(k, d, ak, av, true);
+  {  // Owned: copy-constructed and copy-assigned, then the original goes.
+    auto original = std::make_unique<shaw<T>>(owned_of(k, d, ak, av, true));
+    shaw<T> copy = *original;
+    shaw<T> assigned(k, d, posenc::shaw_terms::keys, 99);
+    assigned = *original;
+    original.reset();
+    std::vector<T>(ak.size(), T(0)).swap(ak);  // the caller's tables change: owned copies keep theirs
+    std::vector<T>(av.size(), T(0)).swap(av);
+    CHECK(copy.owns_tables());
+    CHECK(assigned.has_values());
+    CHECK(row_mismatches(copy, expect, d) == 0);
+    CHECK(row_mismatches(assigned, expect, d) == 0);
+    CHECK(copy.identity() == expect.identity());
+    CHECK(assigned.identity() == expect.identity());
+  }
+  ak = random_buffer<T>(rows, d, 4);
+  av = random_buffer<T>(rows, d, 5);
+  {  // Borrowed: the copies read the same buffers, after the original goes too.
+    auto original = std::make_unique<shaw<T>>(view_of(k, d, ak, av, true));
+    shaw<T> copy = *original;
+    shaw<T> assigned(k, d, posenc::shaw_terms::keys, 99);
+    assigned = *original;
+    original.reset();
+    CHECK_FALSE(copy.owns_tables());
+    CHECK_FALSE(assigned.owns_tables());
+    CHECK(row_mismatches(copy, expect, d) == 0);
+    for (auto& x : ak) x = static_cast<T>(-posenc::detail::stored_value<float>(x) + 0.25f);
+    for (auto& x : av) x = static_cast<T>(posenc::detail::stored_value<float>(x) * 0.5f);
+    shaw<T> const changed = owned_of(k, d, ak, av, true);
+    CHECK(row_mismatches(copy, changed, d) == 0);
+    CHECK(row_mismatches(assigned, changed, d) == 0);
+    CHECK(row_mismatches(copy, expect, d) > 0);
+    CHECK(copy.identity() == changed.identity());
+  }
 }
 }  // namespace encoding_shaw_tests

@@ -2,6 +2,7 @@
 // Every bad input of the relative encoders: posenc::error naming the argument, outputs untouched.
 #include <cmath>
 #include <limits>
+#include <posenc/core/half.hpp>
 #include <posenc/encoding/alibi.hpp>
 #include <posenc/encoding/clipped_bias.hpp>
 #include <posenc/encoding/shaw.hpp>
@@ -191,5 +192,111 @@ TEST_CASE("errors: shaw", "[errors][shaw]") {
   REQUIRE_THROWS_WITH(s.key_weight(5, 0), contains("row is 5, expected 0 .. 4"));
   REQUIRE_THROWS_WITH(s.key_weight(0, 4), contains("dim is 4, expected 0 .. 3"));
   REQUIRE_THROWS_WITH(keys_only.value_weight(0, 0), contains("value table is absent"));
+}
+
+TEST_CASE("errors: t5_bias::view_of names the argument and the expected value", "[errors][t5][view]") {
+  using cspan = posenc::span<const float>;
+  std::vector<float> buf(32 * 3, 0.0f);
+  auto view = [](posenc::t5_bias_params const& p, cspan t) { return posenc::t5_bias<float>::view_of(p, t); };
+  CHECK(error_of([&] { view({3}, cspan(buf.data(), 95)); }) ==
+        "posenc::t5_bias::view_of: table.size is 95, expected 96 (num_buckets 32 * heads 3)");
+  REQUIRE_THROWS_WITH(view({2}, cspan(buf)), contains("table.size is 96, expected 64 (num_buckets 32 * heads 2)"));
+  REQUIRE_THROWS_WITH(view({3, false, 16}, cspan(buf)),
+                      contains("table.size is 96, expected 48 (num_buckets 16 * heads 3)"));
+  CHECK(error_of([&] { view({3}, cspan(nullptr, 96)); }) ==
+        "posenc::t5_bias::view_of: table.data is null, expected a buffer of 96 elements");
+  REQUIRE_THROWS_WITH(view({0}, cspan(buf)), contains("posenc::t5_bias::view_of: heads is 0, expected >= 1"));
+  REQUIRE_THROWS_WITH(view({3, true, 5}, cspan(buf)),
+                      contains("posenc::t5_bias::view_of: num_buckets is 5, expected an even number >= 4 (bidirectional)"));
+  REQUIRE_THROWS_WITH(view({3, false, 1}, cspan(buf)), contains("num_buckets is 1, expected >= 2 (unidirectional)"));
+  REQUIRE_THROWS_WITH(view({3, true, 32, 8}, cspan(buf)),
+                      contains("posenc::t5_bias::view_of: max_distance is 8, expected > 8"));
+  REQUIRE_THROWS_WITH(view({std::numeric_limits<index_t>::max() / 4}, cspan(buf)),
+                      contains("posenc::t5_bias::view_of"));
+  REQUIRE_THROWS_WITH(view({std::numeric_limits<index_t>::max() / 4}, cspan(buf)), contains("num_buckets x heads"));
+  buf[4 * 3 + 1] = std::numeric_limits<float>::infinity();
+  CHECK(error_of([&] { view({3}, cspan(buf)); }) ==
+        "posenc::t5_bias::view_of: table(4, 1) is inf, expected a finite number");
+  buf[4 * 3 + 1] = 0.0f;
+  REQUIRE_NOTHROW(view({3}, cspan(buf)));
+  // 16-bit tables: the same checks, values widened.
+  std::vector<Eigen::half> h(32 * 3, Eigen::half(0.0f));
+  using hspan = posenc::span<const Eigen::half>;
+  REQUIRE_THROWS_WITH(posenc::t5_bias<Eigen::half>::view_of({3}, hspan(h.data(), 90)),
+                      contains("posenc::t5_bias::view_of: table.size is 90, expected 96 (num_buckets 32 * heads 3)"));
+  h[31 * 3 + 2] = Eigen::half(std::nanf(""));
+  REQUIRE_THROWS_WITH(posenc::t5_bias<Eigen::half>::view_of({3}, hspan(h)),
+                      contains("table(31, 2) is nan, expected a finite number"));
+}
+
+TEST_CASE("errors: clipped_bias::view_of names the argument and the expected value", "[errors][clipped][view]") {
+  using cspan = posenc::span<const float>;
+  std::vector<float> buf(5 * 3, 0.0f);
+  auto view = [](index_t k, index_t heads, cspan t) { return posenc::clipped_bias<float>::view_of(k, heads, t); };
+  CHECK(error_of([&] { view(2, 3, cspan(buf.data(), 14)); }) ==
+        "posenc::clipped_bias::view_of: table.size is 14, expected 15 (2 * max_distance + 1 = 5 rows * heads 3)");
+  REQUIRE_THROWS_WITH(view(1, 3, cspan(buf)),
+                      contains("table.size is 15, expected 9 (2 * max_distance + 1 = 3 rows * heads 3)"));
+  REQUIRE_THROWS_WITH(view(2, 2, cspan(buf)), contains("table.size is 15, expected 10"));
+  CHECK(error_of([&] { view(2, 3, cspan(nullptr, 15)); }) ==
+        "posenc::clipped_bias::view_of: table.data is null, expected a buffer of 15 elements");
+  REQUIRE_THROWS_WITH(view(-1, 3, cspan(buf)), contains("posenc::clipped_bias::view_of: max_distance is -1, expected >= 0"));
+  REQUIRE_THROWS_WITH(view(2, 0, cspan(buf)), contains("posenc::clipped_bias::view_of: heads is 0, expected >= 1"));
+  REQUIRE_THROWS_WITH(view(std::numeric_limits<index_t>::max() / 2, 3, cspan(buf)),
+                      contains("posenc::clipped_bias::view_of"));
+  buf[0] = std::nanf("");
+  CHECK(error_of([&] { view(2, 3, cspan(buf)); }) ==
+        "posenc::clipped_bias::view_of: table(0, 0) is nan, expected a finite number");
+  buf[0] = 0.0f;
+  REQUIRE_NOTHROW(view(2, 3, cspan(buf)));
+  REQUIRE_NOTHROW(view(0, 15, cspan(buf)));
+  std::vector<Eigen::bfloat16> b(5 * 3, Eigen::bfloat16(0.0f));
+  using bspan = posenc::span<const Eigen::bfloat16>;
+  REQUIRE_THROWS_WITH(posenc::clipped_bias<Eigen::bfloat16>::view_of(2, 3, bspan(b.data(), 16)),
+                      contains("table.size is 16, expected 15"));
+  b[4 * 3 + 2] = Eigen::bfloat16(-std::numeric_limits<float>::infinity());
+  REQUIRE_THROWS_WITH(posenc::clipped_bias<Eigen::bfloat16>::view_of(2, 3, bspan(b)),
+                      contains("posenc::clipped_bias::view_of: table(4, 2) is -inf, expected a finite number"));
+}
+
+TEST_CASE("errors: shaw::view_of names the argument and the expected value", "[errors][shaw][view]") {
+  using cspan = posenc::span<const float>;
+  using posenc::shaw;
+  std::vector<float> ak(5 * 4, 0.0f), av(5 * 4, 0.0f);
+  CHECK(error_of([&] { shaw<float>::view_of(2, 4, cspan(ak.data(), 19)); }) ==
+        "posenc::shaw::view_of: key_table.size is 19, expected 20 (2 * max_distance + 1 = 5 rows * head_dim 4)");
+  REQUIRE_THROWS_WITH(shaw<float>::view_of(2, 5, cspan(ak)),
+                      contains("key_table.size is 20, expected 25 (2 * max_distance + 1 = 5 rows * head_dim 5)"));
+  REQUIRE_THROWS_WITH(shaw<float>::view_of(1, 4, cspan(ak), cspan(av)),
+                      contains("key_table.size is 20, expected 12"));
+  CHECK(error_of([&] { shaw<float>::view_of(2, 4, cspan(nullptr, 20)); }) ==
+        "posenc::shaw::view_of: key_table.data is null, expected a buffer of 20 elements");
+  CHECK(error_of([&] { shaw<float>::view_of(2, 4, cspan(ak), cspan(av.data(), 16)); }) ==
+        "posenc::shaw::view_of: value_table.size is 16, expected 20 (2 * max_distance + 1 = 5 rows * head_dim 4)");
+  REQUIRE_THROWS_WITH(shaw<float>::view_of(2, 4, cspan(ak), cspan()), contains("value_table.size is 0, expected 20"));
+  REQUIRE_THROWS_WITH(shaw<float>::view_of(2, 4, cspan(ak), cspan(nullptr, 20)),
+                      contains("posenc::shaw::view_of: value_table.data is null, expected a buffer of 20 elements"));
+  REQUIRE_THROWS_WITH(shaw<float>::view_of(0, 4, cspan(ak)),
+                      contains("posenc::shaw::view_of: max_distance is 0, expected >= 1"));
+  REQUIRE_THROWS_WITH(shaw<float>::view_of(2, 0, cspan(ak)), contains("posenc::shaw::view_of: head_dim is 0, expected >= 1"));
+  REQUIRE_THROWS_WITH(shaw<float>::view_of(2, -3, cspan(ak), cspan(av)), contains("head_dim is -3, expected >= 1"));
+  REQUIRE_THROWS_WITH(shaw<float>::view_of(2, std::numeric_limits<index_t>::max() / 2, cspan(ak)),
+                      contains("posenc::shaw::view_of"));
+  ak[7] = std::numeric_limits<float>::infinity();
+  CHECK(error_of([&] { shaw<float>::view_of(2, 4, cspan(ak)); }) ==
+        "posenc::shaw::view_of: key_table(1, 3) is inf, expected a finite number");
+  ak[7] = 0.0f;
+  av[2 * 4 + 3] = std::nanf("");
+  CHECK(error_of([&] { shaw<float>::view_of(2, 4, cspan(ak), cspan(av)); }) ==
+        "posenc::shaw::view_of: value_table(2, 3) is nan, expected a finite number");
+  REQUIRE_NOTHROW(shaw<float>::view_of(2, 4, cspan(ak)));  // aV is not read without value embeddings
+  av[2 * 4 + 3] = 0.0f;
+  REQUIRE_NOTHROW(shaw<float>::view_of(2, 4, cspan(ak), cspan(av)));
+  std::vector<Eigen::half> h(5 * 4, Eigen::half(0.0f));
+  using hspan = posenc::span<const Eigen::half>;
+  REQUIRE_THROWS_WITH(shaw<Eigen::half>::view_of(2, 4, hspan(h), hspan(h.data(), 4)),
+                      contains("value_table.size is 4, expected 20"));
+  h[0] = Eigen::half(std::numeric_limits<float>::infinity());
+  REQUIRE_THROWS_WITH(shaw<Eigen::half>::view_of(2, 4, hspan(h)), contains("key_table(0, 0) is inf"));
 }
 }  // namespace errors_relative_bias_tests

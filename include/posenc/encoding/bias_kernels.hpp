@@ -167,6 +167,27 @@ void check_table_shape(char const* where, char const* name, Eigen::Ref<const rel
               ", expected a finite number");
 }
 
+/// Throws unless every entry of the row-major (rows x cols) buffer `data` is
+/// finite (the values check of check_table_shape, for a borrowed table).
+template <class T>
+void check_buffer_values(char const* where, char const* name, T const* data, index_t rows, index_t cols) {
+  for (index_t r = 0; r < rows; ++r)
+    for (index_t c = 0; c < cols; ++c) {
+      double const x = stored_value<double>(data[r * cols + c]);
+      require(std::isfinite(x), where, name, "(", r, ", ", c, ") is ", x, ", expected a finite number");
+    }
+}
+
+/// The (rows x cols) table with entry (r, c) at data[r * row_step + c * col_step],
+/// copied column by column: out[c * rows + r] (the layout transpose_table gives).
+template <class T>
+std::vector<T> gather_transposed(T const* data, index_t rows, index_t cols, index_t row_step, index_t col_step) {
+  std::vector<T> out(static_cast<std::size_t>(rows * cols));
+  for (index_t c = 0; c < cols; ++c)
+    for (index_t r = 0; r < rows; ++r) out[static_cast<std::size_t>(c * rows + r)] = data[r * row_step + c * col_step];
+  return out;
+}
+
 /// One table entry of U stored as T: itself when U is T, else a float rounded
 /// once to nearest even into the 16-bit T.
 template <class T, class U>

@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "posenc/core/checked.hpp"
@@ -33,6 +35,15 @@ namespace posenc {
 /// result is exactly that of a clipped_bias<float> holding the widened table.
 /// `rounded_from` rounds a float encoder's table once per entry, to nearest
 /// even; the seeded constructor rounds the float encoder's draws the same way.
+///
+/// Owned or borrowed table. The constructors copy the table (stored
+/// transposed, one head's distances contiguous, so the window is one SIMD
+/// slice); copies of the encoder share that copy read-only. `view_of` borrows
+/// the caller's (2K + 1, heads) row-major buffer instead: no copy, values read
+/// when used (the window then strided, one entry per key), so a training loop
+/// can update the buffer in place (`table -= lr * grads.table`) and the next
+/// call sees the new values. The buffer must outlive the encoder and every
+/// copy of it, and must not change while a call that reads it runs.
 /// @tparam T float, double, Eigen::half or Eigen::bfloat16 (the table's element type).
 template <class T = float>
 class clipped_bias {
@@ -53,7 +64,7 @@ class clipped_bias {
     check_params("posenc::clipped_bias");
     detail::rel::check_table_shape<T>("posenc::clipped_bias", "table", table, 2 * k_ + 1, heads_,
                                       "(2 * max_distance + 1, heads)");
-    table_t_ = detail::rel::transpose_table<T>(table);
+    own(detail::rel::transpose_table<T>(table));
   }
 
   /// A seeded (2K + 1, heads) table: normal(0, stddev) truncated at +-2 stddev
@@ -62,8 +73,40 @@ class clipped_bias {
       : k_(max_distance), heads_(heads) {
     check_params("posenc::clipped_bias");
     auto t = detail::rel::seeded_normal_table<compute_type>("posenc::clipped_bias", 2 * k_ + 1, heads_, seed, stddev);
-    table_t_ = detail::rel::transpose_table<T, compute_type>(t);  // a 16-bit table: the float draws rounded once
+    own(detail::rel::transpose_table<T, compute_type>(t));  // a 16-bit table: the float draws rounded once
   }
+
+  /// An encoder reading the caller's `table` in place (no copy): row-major
+  /// (2K + 1, heads), the layout and shape the constructor takes. Checked as
+  /// the constructor checks its table (shape, finite values), plus a non-null
+  /// buffer. The buffer must outlive the encoder and every copy of it; its
+  /// values are read when used, so an update in place is seen by the next call
+  /// (and by identity()). make_gradients() is (2K + 1, heads) too, so
+  /// `table -= lr * grads.table` (elementwise over the buffer) is an optimiser
+  /// step on the borrowed table.
+  static clipped_bias view_of(index_t max_distance, index_t heads, span<const T> table) {
+    constexpr char const* where = "posenc::clipped_bias::view_of";
+    clipped_bias c(max_distance, heads, borrowed{});
+    c.check_params(where);
+    index_t const rows = 2 * max_distance + 1, n = rows * heads;  // fits: check_params
+    detail::require(table.size() == n, where, "table.size is ", table.size(), ", expected ", n,
+                    " (2 * max_distance + 1 = ", rows, " rows * heads ", heads, ")");
+    detail::require(table.data() != nullptr, where, "table.data is null, expected a buffer of ", n, " elements");
+    detail::rel::check_buffer_values(where, "table", table.data(), rows, heads);
+    c.data_ = table.data();
+    c.row_step_ = heads;
+    c.head_step_ = 1;
+    return c;
+  }
+
+  // Copies share an owned table (or borrow the same buffer); there are no
+  // move operations, so a moved-from encoder stays usable.
+  clipped_bias(clipped_bias const&) = default;
+  clipped_bias& operator=(clipped_bias const&) = default;
+
+  /// True when the encoder owns its table (the constructors, rounded_from);
+  /// false for `view_of`.
+  bool owns_table() const noexcept { return own_ != nullptr; }
 
   /// A 16-bit encoder holding `f`'s clip distance and its table rounded once
   /// per entry to nearest even.
@@ -82,12 +125,16 @@ class clipped_bias {
   /// Any position works.
   index_t max_positions() const noexcept { return 0; }
 
-  /// Element type, max_distance, heads and a digest of the table (stored
-  /// transposed: heads x (2 * max_distance + 1)).
+  /// Element type, max_distance, heads and a digest of the table, hashed head
+  /// by head (heads x (2 * max_distance + 1)) whether owned or borrowed, so
+  /// both give one identity for the same values; a borrowed table is hashed as
+  /// it is when called.
   encoder_identity identity() const {
     encoder_identity id("clipped_bias");
     id.add("type", detail::element_name<T>()).add("max_distance", k_).add("heads", heads_);
-    return id.add_table("table", table_t_.data(), heads_, 2 * k_ + 1, 2 * k_ + 1);
+    if (row_step_ == 1) return id.add_table("table", data_, heads_, 2 * k_ + 1, head_step_);
+    std::vector<T> const t = detail::rel::gather_transposed(data_, 2 * k_ + 1, heads_, row_step_, head_step_);
+    return id.add_table("table", t.data(), heads_, 2 * k_ + 1, 2 * k_ + 1);
   }
 
   /// Table entry (row, head); row = clipped distance + K (widened for a 16-bit table).
@@ -95,14 +142,13 @@ class clipped_bias {
     detail::require(row >= 0 && row <= 2 * k_, "posenc::clipped_bias::weight", "row is ", row, ", expected 0 .. ",
                     2 * k_);
     detail::rel::check_head("posenc::clipped_bias::weight", head, heads_);
-    return detail::stored_value<compute_type>(table_t_[static_cast<std::size_t>(head * (2 * k_ + 1) + row)]);
+    return at(row, head);
   }
 
   /// table[clip(k_pos - q_pos, -K, K) + K, head].
   compute_type bias(index_t head, index_t q_pos, index_t k_pos) const {
     check_call("posenc::clipped_bias::bias", head, q_pos, k_pos);
-    return detail::stored_value<compute_type>(
-        table_t_[static_cast<std::size_t>(head * (2 * k_ + 1) + detail::rel::clip_distance(k_pos - q_pos, k_) + k_)]);
+    return at(detail::rel::clip_distance(k_pos - q_pos, k_) + k_, head);
   }
 
   /// Hook: out[j] += bias(head, q_pos, k_pos_first + j), j in [0, count). Unchecked.
@@ -110,7 +156,8 @@ class clipped_bias {
                                     compute_type* out) const noexcept {
     POSENC_ASSERT(head >= 0 && head < heads_, "clipped_bias::bias_row: head out of range");
     if (count <= 0) return;
-    T const* col = table_t_.data() + head * (2 * k_ + 1);  // (2K + 1): distance -K .. K
+    T const* col = data_ + head * head_step_;  // (2K + 1) entries row_step_ apart: distance -K .. K
+    index_t const step = row_step_;             // 1 owned, heads borrowed
     index_t d = k_pos_first - q_pos;
     index_t j = 0;
     if (d <= -k_) {  // keys at distance <= -K: row 0 (for K = 0: every key)
@@ -122,12 +169,18 @@ class clipped_bias {
     }
     if (j < count && d < k_) {  // -K < d < K: one row per key
       index_t const len = std::min(count - j, k_ - d);
-      detail::rel::add_array(out + j, col + (d + k_), len);
+      if (step == 1) {  // owned: a contiguous slice, SIMD
+        detail::rel::add_array(out + j, col + (d + k_), len);
+      } else {  // borrowed: one strided entry per key
+        T const* w = col + (d + k_) * step;
+        compute_type* o = out + j;
+        for (index_t t = 0; t < len; ++t) o[t] += detail::stored_value<compute_type>(w[t * step]);
+      }
       j += len;
       d += len;
     }
     if (j < count)  // distance >= K
-      detail::rel::add_constant(out + j, count - j, detail::stored_value<compute_type>(col[2 * k_]));
+      detail::rel::add_constant(out + j, count - j, detail::stored_value<compute_type>(col[2 * k_ * step]));
   }
 
   /// The bias is a function of the clipped k_pos - q_pos alone (see posenc/encoding/traits.hpp).
@@ -176,11 +229,28 @@ class clipped_bias {
 
  private:
   struct rounded {};
+  struct borrowed {};
   // A float table rounded once per entry into the 16-bit T.
   clipped_bias(index_t max_distance, index_t heads, relative_table<float> const& table, rounded)
       : k_(max_distance), heads_(heads) {
     check_params("posenc::clipped_bias::rounded_from");
-    table_t_ = detail::rel::transpose_table<T, float>(table);
+    own(detail::rel::transpose_table<T, float>(table));
+  }
+  // No table yet: view_of checks and points it.
+  clipped_bias(index_t max_distance, index_t heads, borrowed) : k_(max_distance), heads_(heads) {}
+
+  // Owns `t`, (heads, 2K + 1): one head's distances contiguous.
+  void own(std::vector<T>&& t) {
+    auto v = std::make_shared<std::vector<T>>(std::move(t));
+    data_ = v->data();
+    own_ = std::move(v);
+    row_step_ = 1;
+    head_step_ = 2 * k_ + 1;
+  }
+
+  // Entry (row, head), widened.
+  compute_type at(index_t row, index_t head) const noexcept {
+    return detail::stored_value<compute_type>(data_[row * row_step_ + head * head_step_]);
   }
 
   void check_params(char const* where) const {
@@ -196,7 +266,10 @@ class clipped_bias {
   }
 
   index_t k_, heads_;
-  std::vector<T> table_t_;  // (heads, 2K + 1): one head's distances contiguous
+  std::shared_ptr<std::vector<T> const> own_;  // the owned table, (heads, 2K + 1); null when borrowed
+  T const* data_ = nullptr;                     // entry (row, h) at data_[row * row_step_ + h * head_step_]
+  index_t row_step_ = 1;                        // 1 owned (transposed), heads borrowed (caller's layout)
+  index_t head_step_ = 0;                       // 2K + 1 owned, 1 borrowed
 };
 
 template <class T>

@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "posenc/core/checked.hpp"
@@ -44,6 +46,14 @@ enum class shaw_terms {
 /// so every term is exactly that of a shaw<float> holding the widened tables.
 /// `rounded_from` rounds a float encoder's tables once per entry, to nearest
 /// even; the seeded constructor rounds the float encoder's draws the same way.
+///
+/// Owned or borrowed tables. The constructors copy aK and aV; copies of the
+/// encoder share those copies read-only. `view_of` borrows the caller's
+/// (2K + 1, head_dim) row-major buffers instead: no copy, values read when
+/// used, so a training loop can update them in place
+/// (`a_k -= lr * grads.key`, `a_v -= lr * grads.value`) and the next call
+/// sees the new values. The buffers must outlive the encoder and every copy
+/// of it, and must not change while a call that reads them runs.
 /// @tparam T float, double, Eigen::half or Eigen::bfloat16 (the tables' element type).
 template <class T = float>
 class shaw {
@@ -63,7 +73,7 @@ class shaw {
     check_k("posenc::shaw");
     head_dim_ = key_table.cols();
     check_tables(key_table, nullptr);
-    ak_ = detail::rel::copy_table<T>(key_table);
+    own_keys(detail::rel::copy_table<T>(key_table));
   }
 
   /// Key and value embeddings, each (2K + 1, head_dim).
@@ -73,8 +83,8 @@ class shaw {
     check_k("posenc::shaw");
     head_dim_ = key_table.cols();
     check_tables(key_table, &value_table);
-    ak_ = detail::rel::copy_table<T>(key_table);
-    av_ = detail::rel::copy_table<T>(value_table);
+    own_keys(detail::rel::copy_table<T>(key_table));
+    own_values(detail::rel::copy_table<T>(value_table));
   }
 
   /// Seeded tables: normal(0, stddev) truncated at +-2 stddev; aK first, then aV
@@ -84,12 +94,47 @@ class shaw {
     check_k("posenc::shaw");
     detail::require(head_dim_ >= 1, "posenc::shaw", "head_dim is ", head_dim_, ", expected >= 1");
     // A 16-bit table: the float draws rounded once.
-    ak_ = detail::rel::copy_table<T, compute_type>(
-        detail::rel::seeded_normal_table<compute_type>("posenc::shaw", 2 * k_ + 1, head_dim_, seed, stddev));
+    own_keys(detail::rel::copy_table<T, compute_type>(
+        detail::rel::seeded_normal_table<compute_type>("posenc::shaw", 2 * k_ + 1, head_dim_, seed, stddev)));
     if (terms == shaw_terms::keys_and_values)
-      av_ = detail::rel::copy_table<T, compute_type>(
-          detail::rel::seeded_normal_table<compute_type>("posenc::shaw", 2 * k_ + 1, head_dim_, seed + 1, stddev));
+      own_values(detail::rel::copy_table<T, compute_type>(
+          detail::rel::seeded_normal_table<compute_type>("posenc::shaw", 2 * k_ + 1, head_dim_, seed + 1, stddev)));
   }
+
+  /// Key embeddings only, read from the caller's `key_table` in place (no
+  /// copy): row-major (2K + 1, head_dim), the layout and shape the constructor
+  /// takes. Checked as the constructor checks its table (shape, finite
+  /// values), plus a non-null buffer. The buffer must outlive the encoder and
+  /// every copy of it; its values are read when used, so an update in place is
+  /// seen by the next call (and by identity()). make_gradients().key is
+  /// (2K + 1, head_dim) too, so `key_table -= lr * grads.key` (elementwise over
+  /// the buffer) is an optimiser step on the borrowed table.
+  static shaw view_of(index_t max_distance, index_t head_dim, span<const T> key_table) {
+    shaw s(max_distance, head_dim, rounded{});
+    s.check_view(key_table, nullptr);
+    s.ak_ = key_table.data();
+    return s;
+  }
+
+  /// Key and value embeddings, read from the caller's buffers in place (no
+  /// copy), each row-major (2K + 1, head_dim); as the keys-only view_of, and
+  /// `value_table -= lr * grads.value` updates aV.
+  static shaw view_of(index_t max_distance, index_t head_dim, span<const T> key_table, span<const T> value_table) {
+    shaw s(max_distance, head_dim, rounded{});
+    s.check_view(key_table, &value_table);
+    s.ak_ = key_table.data();
+    s.av_ = value_table.data();
+    return s;
+  }
+
+  // Copies share owned tables (or borrow the same buffers); there are no move
+  // operations, so a moved-from encoder stays usable.
+  shaw(shaw const&) = default;
+  shaw& operator=(shaw const&) = default;
+
+  /// True when the encoder owns its tables (the constructors, rounded_from);
+  /// false for `view_of`.
+  bool owns_tables() const noexcept { return own_k_ != nullptr; }
 
   /// A 16-bit encoder holding `f`'s clip distance and its tables (aK, and aV
   /// when it has them) rounded once per entry to nearest even.
@@ -103,8 +148,8 @@ class shaw {
         if (f.has_values()) av(r, c) = f.value_weight(r, c);
       }
     shaw h(f.max_distance(), d, rounded{});
-    h.ak_ = detail::rel::copy_table<T, float>(ak);
-    if (f.has_values()) h.av_ = detail::rel::copy_table<T, float>(av);
+    h.own_keys(detail::rel::copy_table<T, float>(ak));
+    if (f.has_values()) h.own_values(detail::rel::copy_table<T, float>(av));
     return h;
   }
 
@@ -113,18 +158,19 @@ class shaw {
   /// Width of the embeddings (the attention head_dim).
   index_t head_dim() const noexcept { return head_dim_; }
   /// True when the encoder has value embeddings aV.
-  bool has_values() const noexcept { return !av_.empty(); }
+  bool has_values() const noexcept { return av_ != nullptr; }
   /// Any position works.
   index_t max_positions() const noexcept { return 0; }
 
   /// Element type, max_distance, head_dim, the terms and a digest of each
-  /// embedding table ((2 * max_distance + 1) x head_dim).
+  /// embedding table ((2 * max_distance + 1) x head_dim), owned or borrowed
+  /// alike; borrowed tables are hashed as they are when called.
   encoder_identity identity() const {
     encoder_identity id("shaw");
     id.add("type", detail::element_name<T>()).add("max_distance", k_).add("head_dim", head_dim_);
     id.add("terms", has_values() ? "keys_and_values" : "keys");
-    id.add_table("key_table", ak_.data(), 2 * k_ + 1, head_dim_, head_dim_);
-    if (has_values()) id.add_table("value_table", av_.data(), 2 * k_ + 1, head_dim_, head_dim_);
+    id.add_table("key_table", ak_, 2 * k_ + 1, head_dim_, head_dim_);
+    if (has_values()) id.add_table("value_table", av_, 2 * k_ + 1, head_dim_, head_dim_);
     return id;
   }
 
@@ -157,35 +203,35 @@ class shaw {
     if (d <= -k_) {  // every key at distance <= -K uses row 0
       std::uint64_t const run = detail::rel::run_length(d, -k_ + 1);
       index_t const len = run < static_cast<std::uint64_t>(count) ? static_cast<index_t>(run) : count;
-      detail::rel::add_constant(out, len, scale * detail::rel::dot(q, ak_.data(), head_dim_));
+      detail::rel::add_constant(out, len, scale * detail::rel::dot(q, ak_, head_dim_));
       j = len;
       d += len;
     }
     for (; j < count && d < k_; ++j, ++d)  // -K < d < K: one row per key
-      out[j] += scale * detail::rel::dot(q, ak_.data() + (d + k_) * head_dim_, head_dim_);
+      out[j] += scale * detail::rel::dot(q, ak_ + (d + k_) * head_dim_, head_dim_);
     if (j < count)  // distance >= K: row 2K
       detail::rel::add_constant(out + j, count - j,
-                                scale * detail::rel::dot(q, ak_.data() + 2 * k_ * head_dim_, head_dim_));
+                                scale * detail::rel::dot(q, ak_ + 2 * k_ * head_dim_, head_dim_));
   }
 
   /// Hook: out[0..head_dim) += sum_j p[j] * aV[clip(k_pos_first + j - q_pos) + K],
   /// j in [0, count). Does nothing without value embeddings. Unchecked.
   POSENC_ROW_NOINLINE void value_row(compute_type const* p, index_t q_pos, index_t k_pos_first, index_t count,
                                      compute_type* out) const noexcept {
-    if (count <= 0 || av_.empty()) return;
+    if (count <= 0 || av_ == nullptr) return;
     index_t d = k_pos_first - q_pos;
     index_t j = 0;
     if (d <= -k_) {
       std::uint64_t const run = detail::rel::run_length(d, -k_ + 1);
       index_t const len = run < static_cast<std::uint64_t>(count) ? static_cast<index_t>(run) : count;
-      detail::rel::add_scaled(out, detail::rel::sum(p, len), av_.data(), head_dim_);
+      detail::rel::add_scaled(out, detail::rel::sum(p, len), av_, head_dim_);
       j = len;
       d += len;
     }
     for (; j < count && d < k_; ++j, ++d)
-      detail::rel::add_scaled(out, p[j], av_.data() + (d + k_) * head_dim_, head_dim_);
+      detail::rel::add_scaled(out, p[j], av_ + (d + k_) * head_dim_, head_dim_);
     if (j < count)
-      detail::rel::add_scaled(out, detail::rel::sum(p + j, count - j), av_.data() + 2 * k_ * head_dim_, head_dim_);
+      detail::rel::add_scaled(out, detail::rel::sum(p + j, count - j), av_ + 2 * k_ * head_dim_, head_dim_);
   }
 
   /// Checked score_row: q has head_dim values, out one per key; throws
@@ -267,7 +313,7 @@ class shaw {
     for (index_t j = 0; j < count; ++j) {
       index_t const r = detail::rel::clip_distance(d0 + j, k_) + k_;
       compute_type const ds = scale * dscore[j];
-      detail::rel::add_scaled(dq, ds, ak_.data() + r * head_dim_, head_dim_);
+      detail::rel::add_scaled(dq, ds, ak_ + r * head_dim_, head_dim_);
       detail::rel::add_scaled(g.key.data() + r * head_dim_, ds, q, head_dim_);  // row-major
     }
   }
@@ -277,19 +323,47 @@ class shaw {
   /// Does nothing without value embeddings. Unchecked.
   void value_row_backward(compute_type const* p, compute_type const* dout, index_t q_pos, index_t k_pos_first,
                           index_t count, compute_type* dp, gradients& g) const noexcept {
-    if (av_.empty()) return;
+    if (av_ == nullptr) return;
     index_t const d0 = k_pos_first - q_pos;
     for (index_t j = 0; j < count; ++j) {
       index_t const r = detail::rel::clip_distance(d0 + j, k_) + k_;
-      dp[j] += detail::rel::dot(dout, av_.data() + r * head_dim_, head_dim_);
+      dp[j] += detail::rel::dot(dout, av_ + r * head_dim_, head_dim_);
       detail::rel::add_scaled(g.value.data() + r * head_dim_, p[j], dout, head_dim_);
     }
   }
 
  private:
   struct rounded {};
-  // Empty tables, filled by rounded_from.
+  // No tables yet: filled by rounded_from, pointed by view_of.
   shaw(index_t max_distance, index_t head_dim, rounded) : k_(max_distance), head_dim_(head_dim) {}
+
+  void own_keys(std::vector<T>&& t) {
+    auto v = std::make_shared<std::vector<T>>(std::move(t));
+    ak_ = v->data();
+    own_k_ = std::move(v);
+  }
+  void own_values(std::vector<T>&& t) {
+    auto v = std::make_shared<std::vector<T>>(std::move(t));
+    av_ = v->data();
+    own_v_ = std::move(v);
+  }
+
+  // view_of's checks: K, head_dim, then each buffer's size, data and values.
+  void check_view(span<const T> const& key_table, span<const T> const* value_table) const {
+    constexpr char const* where = "posenc::shaw::view_of";
+    check_k(where);
+    detail::require(head_dim_ >= 1, where, "head_dim is ", head_dim_, ", expected >= 1");
+    index_t const rows = 2 * k_ + 1;
+    index_t const n = detail::checked_mul(where, rows, head_dim_, "(2 x max_distance + 1) x head_dim");
+    auto const check = [&](char const* name, span<const T> const& t) {
+      detail::require(t.size() == n, where, name, ".size is ", t.size(), ", expected ", n,
+                      " (2 * max_distance + 1 = ", rows, " rows * head_dim ", head_dim_, ")");
+      detail::require(t.data() != nullptr, where, name, ".data is null, expected a buffer of ", n, " elements");
+      detail::rel::check_buffer_values(where, name, t.data(), rows, head_dim_);
+    };
+    check("key_table", key_table);
+    if (value_table) check("value_table", *value_table);
+  }
 
   void check_k(char const* where) const {
     detail::require(k_ >= 1, where, "max_distance is ", k_, ", expected >= 1");
@@ -313,8 +387,9 @@ class shaw {
   }
 
   index_t k_, head_dim_ = 0;
-  std::vector<T> ak_;  // (2K + 1, head_dim)
-  std::vector<T> av_;  // (2K + 1, head_dim), empty without value embeddings
+  std::shared_ptr<std::vector<T> const> own_k_, own_v_;  // owned aK and aV; null when borrowed (or absent)
+  T const* ak_ = nullptr;                                 // (2K + 1, head_dim), row-major
+  T const* av_ = nullptr;                                 // (2K + 1, head_dim), null without value embeddings
 };
 
 template <class T>

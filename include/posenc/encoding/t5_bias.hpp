@@ -6,7 +6,9 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "posenc/core/checked.hpp"
@@ -49,6 +51,14 @@ struct t5_bias_params {
 /// encoder with float (or 16-bit) tensors. `rounded_from` rounds a float
 /// encoder's table once per entry, to nearest even; the seeded constructor
 /// rounds the float encoder's draws the same way.
+///
+/// Owned or borrowed table. The constructors copy the table (stored
+/// transposed, one head's buckets contiguous); copies of the encoder share
+/// that copy read-only. `view_of` borrows the caller's (num_buckets, heads)
+/// row-major buffer instead: no copy, values read when used, so a training
+/// loop can update the buffer in place (`table -= lr * grads.table`) and the
+/// next call sees the new values. The buffer must outlive the encoder and
+/// every copy of it, and must not change while a call that reads it runs.
 /// @tparam T float, double, Eigen::half or Eigen::bfloat16 (the table's element type).
 template <class T = float>
 class t5_bias {
@@ -69,7 +79,7 @@ class t5_bias {
     check_params("posenc::t5_bias");
     detail::rel::check_table_shape<T>("posenc::t5_bias", "table", table, p_.num_buckets, p_.heads,
                                       "(num_buckets, heads)");
-    table_t_ = detail::rel::transpose_table<T>(table);
+    own(detail::rel::transpose_table<T>(table));
     build_runs();
   }
 
@@ -78,9 +88,42 @@ class t5_bias {
   t5_bias(t5_bias_params const& p, std::uint64_t seed, double stddev = 0.02) : p_(p) {
     check_params("posenc::t5_bias");
     auto t = detail::rel::seeded_normal_table<compute_type>("posenc::t5_bias", p_.num_buckets, p_.heads, seed, stddev);
-    table_t_ = detail::rel::transpose_table<T, compute_type>(t);  // a 16-bit table: the float draws rounded once
+    own(detail::rel::transpose_table<T, compute_type>(t));  // a 16-bit table: the float draws rounded once
     build_runs();
   }
+
+  /// An encoder reading the caller's `table` in place (no copy): row-major
+  /// (num_buckets, heads), the layout and shape the constructor takes (HF's
+  /// `relative_attention_bias.weight`). Checked as the constructor checks its
+  /// table (shape, finite values), plus a non-null buffer. The buffer must
+  /// outlive the encoder and every copy of it; its values are read when used,
+  /// so an update in place is seen by the next call (and by identity()).
+  /// make_gradients() is (num_buckets, heads) too, so `table -= lr * grads.table`
+  /// (elementwise over the buffer) is an optimiser step on the borrowed table.
+  static t5_bias view_of(t5_bias_params const& p, span<const T> table) {
+    constexpr char const* where = "posenc::t5_bias::view_of";
+    t5_bias t(p, borrowed{});
+    t.check_params(where);
+    index_t const n = p.num_buckets * p.heads;  // fits: check_params
+    detail::require(table.size() == n, where, "table.size is ", table.size(), ", expected ", n, " (num_buckets ",
+                    p.num_buckets, " * heads ", p.heads, ")");
+    detail::require(table.data() != nullptr, where, "table.data is null, expected a buffer of ", n, " elements");
+    detail::rel::check_buffer_values(where, "table", table.data(), p.num_buckets, p.heads);
+    t.data_ = table.data();
+    t.bucket_step_ = p.heads;
+    t.head_step_ = 1;
+    t.build_runs();
+    return t;
+  }
+
+  // Copies share an owned table (or borrow the same buffer); there are no
+  // move operations, so a moved-from encoder stays usable.
+  t5_bias(t5_bias const&) = default;
+  t5_bias& operator=(t5_bias const&) = default;
+
+  /// True when the encoder owns its table (the constructors, rounded_from);
+  /// false for `view_of`.
+  bool owns_table() const noexcept { return own_ != nullptr; }
 
   /// A 16-bit encoder holding `f`'s parameters and its table rounded once per
   /// entry to nearest even.
@@ -101,12 +144,16 @@ class t5_bias {
   index_t max_positions() const noexcept { return 0; }
 
   /// Element type, heads, bidirectional, num_buckets, max_distance and a
-  /// digest of the table (stored transposed: heads x num_buckets).
+  /// digest of the table, hashed head by head (heads x num_buckets) whether
+  /// owned or borrowed, so both give one identity for the same values; a
+  /// borrowed table is hashed as it is when called.
   encoder_identity identity() const {
     encoder_identity id("t5_bias");
     id.add("type", detail::element_name<T>()).add("heads", p_.heads).add("bidirectional", p_.bidirectional);
     id.add("num_buckets", p_.num_buckets).add("max_distance", p_.max_distance);
-    return id.add_table("table", table_t_.data(), p_.heads, p_.num_buckets, p_.num_buckets);
+    if (bucket_step_ == 1) return id.add_table("table", data_, p_.heads, p_.num_buckets, head_step_);
+    std::vector<T> const t = detail::rel::gather_transposed(data_, p_.num_buckets, p_.heads, bucket_step_, head_step_);
+    return id.add_table("table", t.data(), p_.heads, p_.num_buckets, p_.num_buckets);
   }
 
   /// Table entry (bucket, head) (widened for a 16-bit table).
@@ -114,7 +161,7 @@ class t5_bias {
     detail::require(bucket_index >= 0 && bucket_index < p_.num_buckets, "posenc::t5_bias::weight", "bucket is ",
                     bucket_index, ", expected 0 .. ", p_.num_buckets - 1);
     detail::rel::check_head("posenc::t5_bias::weight", head, p_.heads);
-    return detail::stored_value<compute_type>(table_t_[static_cast<std::size_t>(head * p_.num_buckets + bucket_index)]);
+    return at(bucket_index, head);
   }
 
   /// The bucket of relative position delta = key - query; any delta.
@@ -133,8 +180,7 @@ class t5_bias {
   /// table[bucket(k_pos - q_pos), head].
   compute_type bias(index_t head, index_t q_pos, index_t k_pos) const {
     check_call("posenc::t5_bias::bias", head, q_pos, k_pos);
-    return detail::stored_value<compute_type>(
-        table_t_[static_cast<std::size_t>(head * p_.num_buckets + bucket(k_pos - q_pos))]);
+    return at(bucket(k_pos - q_pos), head);
   }
 
   /// Hook: out[j] += bias(head, q_pos, k_pos_first + j), j in [0, count). Unchecked.
@@ -142,8 +188,9 @@ class t5_bias {
                                     compute_type* out) const noexcept {
     POSENC_ASSERT(head >= 0 && head < p_.heads, "t5_bias::bias_row: head out of range");
     if (count <= 0) return;
-    T const* col = table_t_.data() + head * p_.num_buckets;
-    auto const at = [col](index_t b) { return detail::stored_value<compute_type>(col[b]); };
+    T const* col = data_ + head * head_step_;
+    index_t const step = bucket_step_;  // 1 owned, heads borrowed
+    auto const at = [col, step](index_t b) { return detail::stored_value<compute_type>(col[b * step]); };
     index_t d = k_pos_first - q_pos;
     // Most tiles of a long sequence lie wholly in a saturated run (far keys):
     // one fill, no search.
@@ -211,11 +258,28 @@ class t5_bias {
 
  private:
   struct rounded {};
+  struct borrowed {};
   // A float table rounded once per entry into the 16-bit T.
   t5_bias(t5_bias_params const& p, relative_table<float> const& table, rounded) : p_(p) {
     check_params("posenc::t5_bias::rounded_from");
-    table_t_ = detail::rel::transpose_table<T, float>(table);
+    own(detail::rel::transpose_table<T, float>(table));
     build_runs();
+  }
+  // No table yet: view_of checks and points it.
+  t5_bias(t5_bias_params const& p, borrowed) : p_(p) {}
+
+  // Owns `t`, (heads, num_buckets): one head's buckets contiguous.
+  void own(std::vector<T>&& t) {
+    auto v = std::make_shared<std::vector<T>>(std::move(t));
+    data_ = v->data();
+    own_ = std::move(v);
+    bucket_step_ = 1;
+    head_step_ = p_.num_buckets;
+  }
+
+  // Entry (bucket, head), widened.
+  compute_type at(index_t bucket_index, index_t head) const noexcept {
+    return detail::stored_value<compute_type>(data_[bucket_index * bucket_step_ + head * head_step_]);
   }
 
   // Bucket of distance n >= 0 on one side (before the direction offset),
@@ -299,7 +363,10 @@ class t5_bias {
   }
 
   t5_bias_params p_;
-  std::vector<T> table_t_;        // (heads, num_buckets): one head's buckets contiguous, stored as T
+  std::shared_ptr<std::vector<T> const> own_;  // the owned table, (heads, num_buckets); null when borrowed
+  T const* data_ = nullptr;                     // entry (b, h) at data_[b * bucket_step_ + h * head_step_]
+  index_t bucket_step_ = 1;                     // 1 owned (transposed), heads borrowed (caller's layout)
+  index_t head_step_ = 0;                       // num_buckets owned, 1 borrowed
   std::vector<index_t> starts_;   // (runs): first delta of each run, ascending
   std::vector<index_t> buckets_;  // (runs): bucket of each run
 };
