@@ -481,6 +481,20 @@ int main(int argc, char** argv) {
           ->Unit(benchmark::kMillisecond)->MinTime(0.3)->UseRealTime();
     }
   }
+  // The shapes of the peer comparison (docs/performance.md, "Against ggml"), S 4096, D 128 unless
+  // said, beside the rows above: GQA 32 / 8 full with float and with 16-bit K and V, and the
+  // float rows (full H 8 and causal H 8 are above) at 2 threads too.
+  add<fused>("fused", {4096, 4096, 8, 8, 64, false, 2});
+  for (int t : {1, 2}) add<fused>("fused", {4096, 4096, 32, 8, 128, false, t});
+  {
+    config const c{4096, 4096, 32, 8, 128, false, 1};
+    benchmark::RegisterBenchmark(name_of("fused_kv_f16", c).c_str(),
+                                 [c](benchmark::State& s) { half_prefill_bench<Eigen::half>(s, c, false); })
+        ->Unit(benchmark::kMillisecond)->MinTime(0.3)->UseRealTime();
+    benchmark::RegisterBenchmark(name_of("fused_kv_bf16", c).c_str(),
+                                 [c](benchmark::State& s) { half_prefill_bench<Eigen::bfloat16>(s, c, false); })
+        ->Unit(benchmark::kMillisecond)->MinTime(0.3)->UseRealTime();
+  }
   // bfloat16 products (opt-in), beside the float fused rows of the same shape.
   for (index_t S : {1024, 4096})
     for (bool causal : {false, true})
