@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "support/backward_check.hpp"
@@ -211,6 +212,61 @@ void nan_gradients(attention_problem<float>& p, bool with_lse) {
 }
 
 }  // namespace
+
+namespace {
+
+/// The gradients of p (dq, dk, dv and the encoder's) on Path with the forward pass's lse given
+/// or not.
+template <class Path, class E>
+std::vector<std::vector<float>> all_gradients(attention_problem<float>& p, E const& enc, bool with_lse) {
+  auto g = make_gradients(enc);
+  p.gradients<Path>(enc, g, with_lse);
+  std::vector<float> e;
+  if constexpr (std::is_same_v<E, alibi<float>>) e.assign(g.slopes.begin(), g.slopes.end());
+  return {p.dq, p.dk, p.dv, e};
+}
+
+template <class Path>
+void huge_lse_case(index_t offset) {
+  // Queries `offset` positions after the keys: the ALiBi bias, slope x distance, makes every
+  // score and the lse about -slope * offset, where one unit in float's last place is 2^10 and
+  // more. The lse the forward pass gives is that rounded: probabilities from it would be off by
+  // up to exp(2^9) (infinite gradients, or a row scaled by its key count). The backward pass
+  // takes the row's own lse there and checks the given one against it.
+  attention_problem<float> p(1, 6, 9, 2, 2, 16, 16, 31);
+  p.opt.q_positions = position_span(offset);
+  alibi<float> const al(alibi_form::paper, 2);
+  auto const given = all_gradients<Path>(p, al, true);
+  auto const lse = p.lse;
+  auto const own = all_gradients<Path>(p, al, false);
+  CHECK(std::abs(lse[0]) > 1e9f);
+  for (std::size_t t = 0; t < given.size(); ++t) {
+    INFO("gradient " << t << " (dq, dk, dv, slopes), offset " << offset);
+    for (float x : given[t]) REQUIRE(std::isfinite(x));
+    CHECK(given[t] == own[t]);  // the same own lse: bit for bit
+  }
+  SECTION("a given lse off by more than the tolerance still throws") {
+    auto off = lse;
+    off[3] += off[3] * 1e-3f;  // a thousandth of 1e10: far beyond 2^12 eps |lse|
+    attention_options<float> o = p.opt;
+    o.lse = off;
+    auto g = make_gradients(al);
+    CHECK_THROWS_WITH(attention_backward<Path>(p.vq(), p.vk(), p.vv(), p.vout(), p.vdout(), p.vdq(), p.vdk(),
+                                               p.vdv(), al, o, g),
+                      Catch::Matchers::StartsWith("posenc::attention_backward: lse does not match the scores of "
+                                                  "batch entry 0, head 0, row 3"));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("backward: a given lse too large for its rounding gives the gradients of the row's own lse",
+          "[backward]") {
+  for (index_t offset : {index_t{40000000000}, index_t{9000000000000}}) {
+    huge_lse_case<path::reference>(offset);
+    huge_lse_case<path::fused>(offset);
+  }
+}
 
 TEST_CASE("backward: a NaN in q, k or v flows into the gradients it reaches, as in the forward pass", "[backward]") {
   // (1, 6, 2, 4) queries and (1, 6, 1, 4) keys and values, causal: row i sees keys 0 .. i. The clean

@@ -700,6 +700,15 @@ void nonfinite_rule(config const& c, E const&, pairs const& pr, gradients const&
   if (!fin) {
     c.describe();
     std::fprintf(stderr, "%s\n", what);
+    // The first element that is not finite of each gradient.
+    auto first_bad = [](char const* name, auto const& x) {
+      for (std::size_t i = 0; i < x.size(); ++i)
+        if (!std::isfinite(static_cast<double>(x[i]))) {
+          std::fprintf(stderr, "  %s[%zu] = %g (of %zu)\n", name, i, static_cast<double>(x[i]), x.size());
+          return;
+        }
+    };
+    first_bad("dq", g.dq), first_bad("dk", g.dk), first_bad("dv", g.dv), first_bad("encoder", g.enc);
     finding("a gradient is not finite although every input is");
   }
 }

@@ -194,12 +194,17 @@ void tile_scores(attention_plan<T> const& p, backward_views<T> const& io, E cons
 }
 
 /// Phase 1 for (b, h): lse (given, or recomputed by an online max and sum over the key tiles) and
-/// Delta = dO . O of every row, into lse_out[Sq] and delta_out[Sq].
+/// Delta = dO . O of every row, into lse_out[Sq] and delta_out[Sq]. A given lse beyond
+/// lse_trusted_limit (while it is checked) is replaced by the row's own, and own_out[i] (else NaN)
+/// keeps that own lse for the check of the given one.
+template <class Tr, class T, class E>
+void own_row_lse(attention_plan<T> const& p, backward_views<T> const& io, E const& enc, index_t b, index_t h,
+                 tile_scratch<T>& sc, T* lse_out) noexcept;
+
 template <class Tr, class T, class E>
 void row_statistics(attention_plan<T> const& p, backward_views<T> const& io, E const& enc, index_t b, index_t h,
-                    tile_scratch<T>& sc, T* lse_out, T* delta_out) noexcept {
-  T const ninf = -std::numeric_limits<T>::infinity();
-  index_t const Sq = p.q_len, Sk = p.k_len, Dv = p.value_dim;
+                    tile_scratch<T>& sc, T* lse_out, T* delta_out, T* own_out) noexcept {
+  index_t const Sq = p.q_len, Dv = p.value_dim;
   for (index_t i = 0; i < Sq; ++i) {
     T const* o = io.out.ptr(b, i, h);
     T const* d = io.dout.ptr(b, i, h);
@@ -209,10 +214,34 @@ void row_statistics(attention_plan<T> const& p, backward_views<T> const& io, E c
     for (index_t e = 0; e < Dv; ++e) acc = std::fma(d[e], o[e], acc);
     delta_out[i] = acc;
   }
+  std::fill(own_out, own_out + Sq, std::numeric_limits<T>::quiet_NaN());
   if (p.lse) {
-    for (index_t i = 0; i < Sq; ++i) lse_out[i] = p.lse[(b * p.q_heads + h) * Sq + i];
+    T const* given = p.lse + (b * p.q_heads + h) * Sq;
+    bool any_own = false;
+    for (index_t i = 0; i < Sq; ++i) any_own = any_own || (io.check_lse && !lse_trusted<T>(given[i]));
+    if (!any_own) {
+      std::copy(given, given + Sq, lse_out);
+      return;
+    }
+    own_row_lse<Tr>(p, io, enc, b, h, sc, lse_out);
+    for (index_t i = 0; i < Sq; ++i) {
+      if (lse_trusted<T>(given[i])) {
+        lse_out[i] = given[i];
+      } else {
+        own_out[i] = lse_out[i];
+      }
+    }
     return;
   }
+  own_row_lse<Tr>(p, io, enc, b, h, sc, lse_out);
+}
+
+/// The own lse of every row of (b, h), by an online max and sum over the key tiles, into lse_out[Sq].
+template <class Tr, class T, class E>
+void own_row_lse(attention_plan<T> const& p, backward_views<T> const& io, E const& enc, index_t b, index_t h,
+                 tile_scratch<T>& sc, T* lse_out) noexcept {
+  T const ninf = -std::numeric_limits<T>::infinity();
+  index_t const Sq = p.q_len, Sk = p.k_len;
   for (index_t i0 = 0; i0 < Sq; i0 += block_rows_v) {
     index_t const nr = std::min(block_rows_v, Sq - i0);
     T m[block_rows_v], l[block_rows_v];
@@ -449,14 +478,26 @@ void fused_attention_backward(attention_plan<T> const& p, backward_views<T> cons
   index_t const chunks = key_chunks(pairs, Sk, loop_threads(p.threads));
   index_t const per_chunk = (Sk + chunks - 1) / chunks;
   index_t const chunk_len = (per_chunk + block_keys_v - 1) / block_keys_v * block_keys_v;  // whole tiles
-  std::vector<T> stats(static_cast<std::size_t>(2 * B * p.q_heads * Sq));
+  std::vector<T> stats(static_cast<std::size_t>(3 * B * p.q_heads * Sq));
   T* const lse = stats.data();
   T* const delta = stats.data() + B * p.q_heads * Sq;
+  T* const own = stats.data() + 2 * B * p.q_heads * Sq;  // NaN, or the own lse replacing a given one
   parallel_for(B * p.q_heads, p.threads, [&](index_t task) {
     tile_scratch<T> sc(D, Dv);
     index_t const b = task / p.q_heads, h = task % p.q_heads;
-    row_statistics<Tr>(p, io, enc, b, h, sc, lse + task * Sq, delta + task * Sq);
+    row_statistics<Tr>(p, io, enc, b, h, sc, lse + task * Sq, delta + task * Sq, own + task * Sq);
   });
+  // A given lse replaced by the row's own (lse_trusted_limit) is checked against it now, before
+  // anything is written: sum_j exp(s_ij - lse_i) = exp(own_i - lse_i).
+  if (p.lse && io.check_lse)
+    for (index_t r = 0; r < B * p.q_heads * Sq; ++r)
+      if (!lse_trusted<T>(p.lse[r])) {
+        double const sum = own[r] == -std::numeric_limits<T>::infinity()
+                               ? 0.0
+                               : std::exp(static_cast<double>(own[r]) - static_cast<double>(p.lse[r]));
+        index_t const i = r % Sq, h = (r / Sq) % p.q_heads, b = r / (Sq * p.q_heads);
+        check_lse_row("posenc::attention_backward", b, h, i, Sk, p.lse[r], sum);
+      }
   index_t const tasks = pairs * chunks, per_task = p.group * Sq * D;
   // Each task zeroes its own part first.
   auto part = aligned_buffer<T>::uninitialized(tasks * per_task);

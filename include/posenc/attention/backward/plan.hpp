@@ -79,6 +79,25 @@ double lse_check_tolerance(index_t n, double lse) noexcept {
          (std::sqrt(static_cast<double>(n)) + std::fabs(lse));
 }
 
+/// The largest |lse_i| at which the backward pass computes a row's probabilities from the given
+/// lse: 2^11 for float, 2^40 for double, where one unit in its last place is 2^-12. A given lse
+/// is the forward pass's rounded to T, and exp(s_ij - lse_i) scales the row's probabilities and
+/// gradients by exp of its rounding error: beyond this (scores that large come from huge
+/// positions under a distance bias) a matched lse could make finite gradients overflow. Such a
+/// row takes its own lse from its scores (the max and sum the call without lse forms), and the
+/// given one is checked against it: sum_j exp(s_ij - lse_i) = exp(own_i - lse_i).
+template <class T>
+constexpr double lse_trusted_limit() noexcept {
+  return 1.0 / (4096.0 * static_cast<double>(std::numeric_limits<T>::epsilon()));
+}
+
+/// True when a given lse value is used as it is (see lse_trusted_limit): not finite, or small enough.
+template <class T, class U>
+bool lse_trusted(U lse) noexcept {
+  double const x = static_cast<double>(lse);
+  return !std::isfinite(x) || std::fabs(x) <= lse_trusted_limit<T>();
+}
+
 /// Checks one row of a given lse against the scores the backward pass recomputed:
 /// `sum` = sum_j exp(s_ij - lse_i) over the row's visible keys (each masked or invisible key adds
 /// 0) must have |log sum| <= lse_check_tolerance (1 to first order), or be 0 when lse_i is -inf

@@ -107,21 +107,30 @@ void reference_attention_backward(attention_plan<T> const& p, backward_views<T> 
           nan_score = nan_score || s[j] != s[j];
         }
         if (nan_score) m = std::numeric_limits<Acc>::quiet_NaN();
-        if (check) {  // sum_j exp(s_ij - lse_i) over the visible keys, for check_lse_row
-          Acc const given = static_cast<Acc>(p.lse[(b * p.q_heads + h) * Sq + i]);
-          Acc sum = 0;
-          for (std::size_t j = 0; j < sk; ++j) sum += s[j] == ninf ? Acc(0) : std::exp(s[j] - given);
-          row_sums[static_cast<std::size_t>((b * p.q_heads + h) * Sq + i)] = static_cast<double>(sum);
-        }
+        Acc const given = p.lse ? static_cast<Acc>(p.lse[(b * p.q_heads + h) * Sq + i]) : Acc(0);
+        // The row's own lse where no lse is given, or where a given one is too large for its
+        // rounding to pin the probabilities (lse_trusted_limit; checked against the own one).
+        bool const own_lse = !p.lse || (io.check_lse && !lse_trusted<T>(given));
         Acc lse = ninf;
         if (m != ninf) {
-          if (p.lse) {
-            lse = static_cast<Acc>(p.lse[(b * p.q_heads + h) * Sq + i]);
+          if (!own_lse) {
+            lse = given;
           } else {
             Acc sum = 0;
             for (std::size_t j = 0; j < sk; ++j) sum += s[j] == ninf ? Acc(0) : std::exp(s[j] - m);
             lse = m + std::log(sum);
           }
+        }
+        if (check) {  // sum_j exp(s_ij - lse_i) over the visible keys, for check_lse_row
+          double row_sum = 0;
+          if (own_lse) {  // exp(own_i - lse_i): 0 where the row sees no key, NaN where its scores are
+            row_sum = m == ninf ? 0.0 : std::exp(static_cast<double>(lse) - static_cast<double>(given));
+          } else {
+            Acc sum = 0;
+            for (std::size_t j = 0; j < sk; ++j) sum += s[j] == ninf ? Acc(0) : std::exp(s[j] - given);
+            row_sum = static_cast<double>(sum);
+          }
+          row_sums[static_cast<std::size_t>((b * p.q_heads + h) * Sq + i)] = row_sum;
         }
         if (lse == ninf) continue;  // no visible key: no gradient, dq stays 0 (docs/formulas.md 5.4)
         for (std::size_t j = 0; j < sk; ++j) prob[j] = s[j] == ninf ? Acc(0) : std::exp(s[j] - lse);
