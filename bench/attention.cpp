@@ -439,23 +439,13 @@ int main(int argc, char** argv) {
         ->Unit(benchmark::kMillisecond)->MinTime(0.3)->UseManualTime();
   }
   // Decode through a kv_cache (head-major storage) of float, binary16 and
-  // bfloat16, each against the read of its own K and V (x_stream).
-  for (config const c : {config{1, 4096, 8, 8, 128, true, 1}, config{1, 4096, 8, 8, 128, true, 2},
-                         config{1, 4096, 32, 8, 128, true, 1}}) {
-    benchmark::RegisterBenchmark(name_of("fused_cache", c).c_str(),
-                                 [c](benchmark::State& s) { cache_decode_bench<float>(s, c); })
-        ->Unit(benchmark::kMillisecond)->MinTime(0.3)->UseManualTime();
-    benchmark::RegisterBenchmark(name_of("fused_cache_f16", c).c_str(),
-                                 [c](benchmark::State& s) { cache_decode_bench<Eigen::half>(s, c); })
-        ->Unit(benchmark::kMillisecond)->MinTime(0.3)->UseManualTime();
-    benchmark::RegisterBenchmark(name_of("fused_cache_bf16", c).c_str(),
-                                 [c](benchmark::State& s) { cache_decode_bench<Eigen::bfloat16>(s, c); })
-        ->Unit(benchmark::kMillisecond)->MinTime(0.3)->UseManualTime();
-  }
-  // Decode against context length: the kv_cache rows above at Sk from 1k to 32k keys (4k is
-  // above), one thread (scripts/plot_bench.py --decode draws them).
-  for (index_t Sk : {1024, 2048, 8192, 16384, 32768}) {
-    config const c{1, Sk, 8, 8, 128, true, 1};
+  // bfloat16, each against the read of its own K and V (x_stream); and against
+  // context length, at Sk from 1k to 32k keys, one thread (scripts/plot_bench.py
+  // --decode draws those).
+  std::vector<config> cache_decodes = {config{1, 4096, 8, 8, 128, true, 1}, config{1, 4096, 8, 8, 128, true, 2},
+                                       config{1, 4096, 32, 8, 128, true, 1}};
+  for (index_t Sk : {1024, 2048, 8192, 16384, 32768}) cache_decodes.push_back(config{1, Sk, 8, 8, 128, true, 1});
+  for (config const c : cache_decodes) {
     benchmark::RegisterBenchmark(name_of("fused_cache", c).c_str(),
                                  [c](benchmark::State& s) { cache_decode_bench<float>(s, c); })
         ->Unit(benchmark::kMillisecond)->MinTime(0.3)->UseManualTime();
@@ -468,33 +458,24 @@ int main(int argc, char** argv) {
   }
   // Prefill with K and V (fused_kv_*) or q, K, V and out (fused_all_*) stored in
   // 16 bits, beside the float fused rows of the same shape.
+  auto add_half_prefill = [](config const c, bool all) {
+    std::string const tag = all ? "_all" : "_kv";
+    benchmark::RegisterBenchmark(name_of("fused" + tag + "_f16", c).c_str(),
+                                 [c, all](benchmark::State& s) { half_prefill_bench<Eigen::half>(s, c, all); })
+        ->Unit(benchmark::kMillisecond)->MinTime(0.3)->UseRealTime();
+    benchmark::RegisterBenchmark(name_of("fused" + tag + "_bf16", c).c_str(),
+                                 [c, all](benchmark::State& s) { half_prefill_bench<Eigen::bfloat16>(s, c, all); })
+        ->Unit(benchmark::kMillisecond)->MinTime(0.3)->UseRealTime();
+  };
   for (index_t S : {1024, 4096})
-  for (bool causal : {false, true}) {
-    config const c{S, S, 8, 8, 128, causal, 1};
-    for (bool all : {false, true}) {
-      std::string const tag = all ? "_all" : "_kv";
-      benchmark::RegisterBenchmark(name_of("fused" + tag + "_f16", c).c_str(),
-                                   [c, all](benchmark::State& s) { half_prefill_bench<Eigen::half>(s, c, all); })
-          ->Unit(benchmark::kMillisecond)->MinTime(0.3)->UseRealTime();
-      benchmark::RegisterBenchmark(name_of("fused" + tag + "_bf16", c).c_str(),
-                                   [c, all](benchmark::State& s) { half_prefill_bench<Eigen::bfloat16>(s, c, all); })
-          ->Unit(benchmark::kMillisecond)->MinTime(0.3)->UseRealTime();
-    }
-  }
+    for (bool causal : {false, true})
+      for (bool all : {false, true}) add_half_prefill(config{S, S, 8, 8, 128, causal, 1}, all);
   // The shapes of the peer comparison (docs/performance.md, "Against ggml"), S 4096, D 128 unless
   // said, beside the rows above: GQA 32 / 8 full with float and with 16-bit K and V, and the
   // float rows (full H 8 and causal H 8 are above) at 2 threads too.
   add<fused>("fused", {4096, 4096, 8, 8, 64, false, 2});
   for (int t : {1, 2}) add<fused>("fused", {4096, 4096, 32, 8, 128, false, t});
-  {
-    config const c{4096, 4096, 32, 8, 128, false, 1};
-    benchmark::RegisterBenchmark(name_of("fused_kv_f16", c).c_str(),
-                                 [c](benchmark::State& s) { half_prefill_bench<Eigen::half>(s, c, false); })
-        ->Unit(benchmark::kMillisecond)->MinTime(0.3)->UseRealTime();
-    benchmark::RegisterBenchmark(name_of("fused_kv_bf16", c).c_str(),
-                                 [c](benchmark::State& s) { half_prefill_bench<Eigen::bfloat16>(s, c, false); })
-        ->Unit(benchmark::kMillisecond)->MinTime(0.3)->UseRealTime();
-  }
+  add_half_prefill(config{4096, 4096, 32, 8, 128, false, 1}, false);
   // bfloat16 products (opt-in), beside the float fused rows of the same shape.
   for (index_t S : {1024, 4096})
     for (bool causal : {false, true})

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "support/catch.hpp"
+#include "support/encoder_runs.hpp"
 #include "support/random.hpp"
 #include "support/strided_buffer.hpp"
 
@@ -27,6 +28,7 @@ namespace {
 
 using posenc_test::bits;
 using posenc_test::widen;
+using posenc_test::bias_row_mismatches;
 
 /// True when h is the 16-bit value nearest to x (ties to the even encoding),
 /// by comparing with both neighbours of h.
@@ -49,23 +51,6 @@ relative_table<float> random_table(index_t rows, index_t cols, std::uint64_t see
   for (index_t r = 0; r < rows; ++r)
     for (index_t c = 0; c < cols; ++c) t(r, c) = v[static_cast<std::size_t>(r * cols + c)] * 1.0e-3f * float(1 + r);
   return t;
-}
-
-/// Bias rows of two encoders for many (head, q_pos, k_pos_first, count), compared bit for bit.
-template <class A, class B>
-std::size_t bias_row_mismatches(A const& a, B const& b, index_t heads) {
-  std::size_t bad = 0;
-  for (index_t h = 0; h < heads; ++h)
-    for (index_t q : {0, 5, 40, 300})
-      for (index_t k0 : {0, 3, 37, 290})
-        for (index_t n : {1, 7, 16, 33, 200}) {
-          std::vector<float> x = posenc_test::random_vector<float>(static_cast<std::size_t>(n), static_cast<std::uint64_t>(11 + n));
-          std::vector<float> y = x;
-          a.bias_row(h, q, k0, n, x.data());
-          b.bias_row(h, q, k0, n, y.data());
-          for (std::size_t j = 0; j < x.size(); ++j) bad += x[j] != y[j] ? 1 : 0;
-        }
-  return bad;
 }
 
 /// Attention outputs of two encoders on one random problem (causal), with
@@ -244,7 +229,7 @@ TEMPLATE_TEST_CASE("t5_bias 16-bit: the table rounded once, then exactly the flo
     }
   CHECK(bad_round == 0);
   posenc::t5_bias<float> const fw(p, w);  // the float encoder of the widened table
-  CHECK(bias_row_mismatches(h, fw, heads) == 0);
+  CHECK(bias_row_mismatches(h, fw, heads, 11) == 0);
   CHECK(h.bias(1, 40, 3) == fw.bias(1, 40, 3));
   // Seeded: the float encoder's draws, each rounded once.
   posenc::t5_bias<S> const hs(p, 9);
@@ -259,7 +244,7 @@ TEMPLATE_TEST_CASE("t5_bias 16-bit: the table rounded once, then exactly the flo
   for (index_t b = 0; b < 32; ++b)
     for (index_t hd = 0; hd < heads; ++hd) t16(b, hd) = posenc::detail::to_storage<S>(w(b, hd));
   posenc::t5_bias<S> const hd16(p, t16);
-  CHECK(bias_row_mismatches(hd16, fw, heads) == 0);
+  CHECK(bias_row_mismatches(hd16, fw, heads, 11) == 0);
   CHECK(attention_mismatches<posenc::path::fused, S>(h, fw, heads, 16) == 0);
   CHECK(attention_mismatches<posenc::path::reference, S>(h, fw, heads, 16) == 0);
   check_gradients(h, fw, heads, 16);
@@ -281,7 +266,7 @@ TEMPLATE_TEST_CASE("clipped_bias 16-bit: the table rounded once, then exactly th
       }
     CHECK(bad_round == 0);
     posenc::clipped_bias<float> const fw(K, heads, w);
-    CHECK(bias_row_mismatches(h, fw, heads) == 0);
+    CHECK(bias_row_mismatches(h, fw, heads, 11) == 0);
     posenc::clipped_bias<S> const hs(K, heads, 4);
     posenc::clipped_bias<float> const fs(K, heads, 4);
     std::size_t bad_seed = 0;

@@ -16,6 +16,9 @@
 
 namespace encoding_shaw_tests {
 
+using posenc_test::random_buffer;
+using posenc_test::as_table;
+
 using posenc::index_t;
 using posenc::shaw;
 
@@ -129,20 +132,6 @@ TEST_CASE("shaw: usage code of docs/encoders/relative.md", "[shaw][docs]") {
 }
 
 namespace {
-
-/// A row-major (rows, cols) buffer of T holding random values in [-1, 1).
-template <class T>
-std::vector<T> random_buffer(index_t rows, index_t cols, std::uint64_t seed) {
-  auto const v = posenc_test::random_vector<float>(static_cast<std::size_t>(rows * cols), seed);
-  std::vector<T> out(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i) out[i] = static_cast<T>(v[i]);
-  return out;
-}
-
-template <class T>
-Eigen::Map<const posenc::relative_table<T>> as_table(std::vector<T> const& b, index_t rows, index_t cols) {
-  return Eigen::Map<const posenc::relative_table<T>>(b.data(), rows, cols);
-}
 
 /// score_row and value_row of a and b over many (q_pos, k_pos_first, count):
 /// the number of elements that differ.

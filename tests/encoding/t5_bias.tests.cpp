@@ -15,6 +15,10 @@
 
 namespace encoding_t5_bias_tests {
 
+using posenc_test::random_buffer;
+using posenc_test::as_table;
+using posenc_test::bias_row_mismatches;
+
 using posenc::index_t;
 using posenc::t5_bias;
 using posenc::t5_bias_params;
@@ -216,41 +220,6 @@ TEST_CASE("t5_bias: usage code of docs/encoders/relative.md", "[t5][docs]") {
   CHECK(row[0] == decoder.weight(decoder.bucket(-15), 0));
 }
 
-namespace {
-
-/// A row-major (rows, cols) buffer of T holding random values in [-1, 1).
-template <class T>
-std::vector<T> random_buffer(index_t rows, index_t cols, std::uint64_t seed) {
-  auto const v = posenc_test::random_vector<float>(static_cast<std::size_t>(rows * cols), seed);
-  std::vector<T> out(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i) out[i] = static_cast<T>(v[i]);
-  return out;
-}
-
-template <class T>
-Eigen::Map<const posenc::relative_table<T>> as_table(std::vector<T> const& b, index_t rows, index_t cols) {
-  return Eigen::Map<const posenc::relative_table<T>>(b.data(), rows, cols);
-}
-
-/// Bias rows of a and b over many (head, q_pos, k_pos_first, count): the
-/// number of elements whose values differ.
-template <class A, class B>
-std::size_t bias_row_mismatches(A const& a, B const& b, index_t heads) {
-  std::size_t bad = 0;
-  for (index_t h = 0; h < heads; ++h)
-    for (index_t q : {0, 5, 40, 300})
-      for (index_t k0 : {0, 3, 37, 290})
-        for (index_t n : {1, 7, 16, 33, 200}) {
-          auto x = posenc_test::random_vector<float>(static_cast<std::size_t>(n), static_cast<std::uint64_t>(n));
-          auto y = x;
-          a.bias_row(h, q, k0, n, x.data());
-          b.bias_row(h, q, k0, n, y.data());
-          for (std::size_t j = 0; j < x.size(); ++j) bad += x[j] != y[j] ? 1 : 0;
-        }
-  return bad;
-}
-
-}  // namespace
 
 TEMPLATE_TEST_CASE("t5_bias: view_of reads the caller's table in place, bit for bit an owned copy of it",
                    "[t5][view]", float, Eigen::half) {
