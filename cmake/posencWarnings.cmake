@@ -15,6 +15,11 @@ function(posenc_project_target tgt)
       # GCC bug 105593: false positives inside GCC's own AVX-512 intrinsics headers.
       target_compile_options(${tgt} PRIVATE -Wno-uninitialized -Wno-maybe-uninitialized)
     endif()
+    if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND CMAKE_SYSTEM_PROCESSOR MATCHES "aarch64|arm64")
+      # g++ notes on AArch64 that passing std::pair<float, float> changed in GCC 10.1: an ABI
+      # remark about other compilers' objects, not about this code.
+      target_compile_options(${tgt} PRIVATE -Wno-psabi)
+    endif()
     if(POSENC_NATIVE)
       target_compile_options(${tgt} PRIVATE -march=native)
     endif()

@@ -10,12 +10,13 @@
 #       docs.code_blocks and docs.links); the golden values are checked in, so their generators'
 #       numpy and torch are not needed. clang-14 and its runtime libraries build the sanitizer test
 #       build, the libFuzzer harnesses and the ThreadSanitizer test; libomp-14-dev is clang's
-#       OpenMP. fortunes-min is the lab's training text.
+#       OpenMP. fortunes-min is the lab's training text. g++-aarch64-linux-gnu and qemu-user-static
+#       build and run the AArch64 stage (scripts/arm.sh).
 # all:  the union of both.
 set -euo pipefail
 tour=(cmake g++ make libeigen3-dev libxsimd-dev libstb-dev)
 test=(cmake g++ make libeigen3-dev libxsimd-dev catch2 libbenchmark-dev libstb-dev clang-14 libclang-rt-14-dev libomp-14-dev
-      libopenmpi-dev openmpi-bin fortunes-min python3)
+      libopenmpi-dev openmpi-bin fortunes-min python3 g++-aarch64-linux-gnu qemu-user-static)
 
 list=0
 set_name=all

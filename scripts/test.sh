@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Quick start 2: install what is missing, then build and run the whole suite in four
+# Quick start 2: install what is missing, then build and run the whole suite in five
 # stages: Release (g++: tests, benches, examples, ISA builds, packaging), Debug with
-# AddressSanitizer + UndefinedBehaviorSanitizer (clang), the libFuzzer harnesses (clang) and
-# the ThreadSanitizer test (clang). Each stage prints its time, and a table closes the run
+# AddressSanitizer + UndefinedBehaviorSanitizer (clang), the libFuzzer harnesses (clang),
+# the ThreadSanitizer test (clang) and the AArch64 builds (cross g++, run under qemu). Each stage prints its time, and a table closes the run
 # (docs/testing.md keeps the measured one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -78,6 +78,13 @@ cmake -S . -B build/tsan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_COMPILER=clang++-1
 cmake --build build/tsan -j "$jobs" --target posenc_tsan_concurrency_tests
 (cd build/tsan && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 ctest --output-on-failure -R '^tsan\.')
 stage_done "ThreadSanitizer (build, run)"
+
+echo "== AArch64 (cross-compiled, run under qemu)"
+# The test files of scripts/arm.sh for three AArch64 targets (NEON, +fp16+bf16, SVE at 256 bits),
+# built with Debian's g++-aarch64-linux-gnu and run under qemu-user-static, and the check that an
+# unsupported target stops at compile time (docs/integration.md, "Platforms").
+bash scripts/arm.sh
+stage_done "AArch64 (build, qemu)"
 
 echo "== stage times (s)"
 total=0

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "support/catch.hpp"
+#include "support/kernel_choice.hpp"
 #include "support/random.hpp"
 #include "support/tolerance.hpp"
 #include "support/transformer_xl.hpp"
@@ -332,16 +333,22 @@ void check_calls(scene<S> const& sc, E const& enc, index_t page, std::string con
     opt.causal = causal;
     opt.threads = 1;
     std::string const what = base + (causal ? " causal" : " not causal");
-    check_attention(sc, enc, opt, 1, true, what + " decode, 1 thread", sixteen);
-    check_attention(sc, enc, opt, 3, true, what + " 3 queries, 1 thread", sixteen);
-    // The lane kernel lays its key tiles from each run of consecutive
-    // pages: the same tiles as over the contiguous cache when pages hold
-    // whole tiles (and the same results bit for bit), else other tiles.
-    // With Shaw-like score terms (Transformer-XL) the paged call runs the row
-    // kernel, the contiguous one the lane kernel over distance columns.
+    // Below a SIMD width of query rows per kv head both calls run the row kernel, which walks
+    // the same steps over pages as over the contiguous cache: the same bits. From there the
+    // lane kernel lays its key tiles from each run of consecutive pages: the same tiles as over
+    // the contiguous cache when pages hold whole tiles (and the same results bit for bit), else
+    // other tiles. With Shaw-like score terms (Transformer-XL) the paged call runs the row
+    // kernel, the contiguous one the lane kernel over distance columns. Which calls are which
+    // depends on the SIMD width (support/kernel_choice.hpp): 3 queries of 2 heads per kv head
+    // run the lane kernel with 4 float lanes (SSE2, NEON).
     bool const whole_tiles = page % posenc::detail::fused_default_traits<float>::block_kv_v == 0;
     bool const lanes = !posenc::encoder_traits<E>::relative_key_value;
-    check_attention(sc, enc, opt, prefill, whole_tiles && lanes, what + " prefill chunk", sixteen);
+    auto const exact = [&](index_t sq) {
+      return posenc_test::paged_row_kernel<float, S>(sq * (Hq / Hkv)) || (whole_tiles && lanes);
+    };
+    check_attention(sc, enc, opt, 1, exact(1), what + " decode, 1 thread", sixteen);
+    check_attention(sc, enc, opt, 3, exact(3), what + " 3 queries, 1 thread", sixteen);
+    check_attention(sc, enc, opt, prefill, exact(prefill), what + " prefill chunk", sixteen);
     opt.threads = 2;
     check_attention(sc, enc, opt, 1, false, what + " decode, 2 threads", sixteen);
   }
@@ -687,7 +694,8 @@ void check_masks(scene<S> const& sc, E const& enc, index_t page, std::string con
       posenc::attention_options<float> opt;
       opt.causal = causal;
       opt.threads = c.threads;
-      bool const exact = c.threads == 1 && (c.sq < W || whole_tiles);
+      // One thread, and the row kernel or whole tiles (as in check_calls; none and ALiBi here).
+      bool const exact = c.threads == 1 && (posenc_test::paged_row_kernel<float, S>(c.sq * (Hq / Hkv)) || whole_tiles);
       std::vector<float> const qf = make_queries<float>(sc.toks, c.sq);
       std::vector<S> const qh = make_queries<S>(sc.toks, c.sq);
       // The longest sequence has 51 tokens.

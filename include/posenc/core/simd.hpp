@@ -34,6 +34,16 @@
 #include <xsimd/xsimd.hpp>
 #endif
 
+// The instruction sets the kernels are written and tested for: x86 from SSE2 (x86-64's baseline)
+// and AArch64 with NEON (every AArch64 CPU; SVE CPUs run the NEON kernels). Anything else (32-bit
+// ARM, whose NEON has no double vectors; AArch64 built with +nosimd; x86 built with -mno-sse2; an
+// ISA this xsimd has no kernels for) stops here with one sentence: the missing include below is a
+// fatal error, so no cascade of errors from the headers that follow.
+#if !(XSIMD_WITH_SSE2 || XSIMD_WITH_NEON64)
+#error "posenc: this target has no vector instruction set posenc supports (x86 with SSE2 or later, or AArch64 with NEON); build for one of them: x86-64 (any -march), or AArch64 with -march=armv8-a or later, without +nosimd (docs/integration.md, Platforms)"
+#include "posenc: no supported instruction set, see the error above"
+#endif
+
 #include "posenc/core/span.hpp"
 
 /// 1 when xsimd has reduce_add and reduce_max (9.0 and later; hadd before).
@@ -212,10 +222,14 @@ inline void transpose(batch<T, Arch>* rows) noexcept {
   detail::transpose_generic(rows);
 }
 
-/// Architectural vector registers of Arch: 32 with AVX-512, else 16. Kernels
-/// size their register blocks from it (accumulators + operands must fit).
+/// Architectural vector registers of Arch: 32 with AVX-512 and on AArch64 (v0-v31), else 16.
+/// Kernels size their register blocks from it (accumulators + operands must fit).
 template <class Arch = default_arch>
-inline constexpr int vector_registers = std::is_base_of<xsimd::avx512f, Arch>::value ? 32 : 16;
+inline constexpr int vector_registers =
+#if XSIMD_WITH_NEON64
+    std::is_base_of<xsimd::neon64, Arch>::value ? 32 :
+#endif
+    std::is_base_of<xsimd::avx512f, Arch>::value ? 32 : 16;
 
 /// Sum of the lanes.
 template <class T, class Arch>
@@ -351,7 +365,11 @@ inline batch<T, Arch> alternating_sign() noexcept {
 // signed zero; the scalar narrow() keeps them.
 // Partial loads and stores convert like the full-width ones. The scalar
 // functions serve where no vector conversion exists (binary16 on SSE2
-// without F16C), lane by lane.
+// without F16C), lane by lane. On AArch64 (NEON) binary16 converts with
+// fcvtl / fcvtn and bfloat16 widens with a shift (shll); it narrows with
+// bfcvtn where the target has the bfloat16 extension (+bf16, armv8.6-a),
+// else with narrow()'s integer rounding on four lanes: the same results
+// (FPCR as Linux starts a program: round to nearest even, no flush to zero).
 // ---------------------------------------------------------------------------
 
 /// The 16-bit formats a float can be stored in.
@@ -436,6 +454,13 @@ inline batch<float, Arch> load_widen(std::uint16_t const* p) noexcept {
     return B(_mm_castsi128_ps(_mm_unpacklo_epi16(_mm_setzero_si128(), h)));
   }
 #endif
+#if defined(__aarch64__) && XSIMD_WITH_NEON64
+  if constexpr (std::is_base_of<xsimd::neon64, Arch>::value) {
+    uint16x4_t const h = vld1_u16(p);
+    if constexpr (F == half_format::binary16) return B(vcvt_f32_f16(vreinterpret_f16_u16(h)));  // fcvtl
+    else return B(vreinterpretq_f32_u32(vshll_n_u16(h, 16)));                                     // shll #16
+  }
+#endif
   alignas(Arch::alignment()) float buf[B::size];
   for (std::size_t i = 0; i < B::size; ++i) buf[i] = widen<F>(p[i]);
   return B::load_aligned(buf);
@@ -463,6 +488,29 @@ inline void store_narrow(std::uint16_t* p, batch<float, Arch> const& b) noexcept
   if constexpr (F == half_format::binary16 && std::is_base_of<xsimd::avx2, Arch>::value &&
                 !std::is_base_of<xsimd::avx512f, Arch>::value) {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(b, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    return;
+  }
+#endif
+#if defined(__aarch64__) && XSIMD_WITH_NEON64
+  if constexpr (std::is_base_of<xsimd::neon64, Arch>::value) {
+    float32x4_t const x = b;
+    if constexpr (F == half_format::binary16) {
+      // fcvtn: the rounding of FPCR (to nearest even unless a program changes it), NaN quieted
+      // with its top payload bits, Inf from 65520 up: narrow()'s results.
+      vst1_u16(p, vreinterpret_u16_f16(vcvt_f16_f32(x)));
+    } else {
+#if defined(__ARM_FEATURE_BF16_VECTOR_ARITHMETIC)
+      vst1_u16(p, vreinterpret_u16_bf16(vcvt_bf16_f32(x)));  // bfcvtn (armv8.6-a, or +bf16)
+#else
+      // narrow()'s integer rounding, four lanes at a time.
+      uint32x4_t const u = vreinterpretq_u32_f32(x);
+      uint32x4_t const bias = vaddq_u32(vdupq_n_u32(0x7fffu), vandq_u32(vshrq_n_u32(u, 16), vdupq_n_u32(1u)));
+      uint16x4_t const rounded = vshrn_n_u32(vaddq_u32(u, bias), 16);
+      uint16x4_t const quiet = vorr_u16(vshrn_n_u32(u, 16), vdup_n_u16(0x40u));
+      uint16x4_t const is_nan = vmovn_u32(vcgtq_u32(vandq_u32(u, vdupq_n_u32(0x7fffffffu)), vdupq_n_u32(0x7f800000u)));
+      vst1_u16(p, vbsl_u16(is_nan, quiet, rounded));
+#endif
+    }
     return;
   }
 #endif

@@ -39,10 +39,10 @@ struct fused_traits {
   static constexpr index_t max_block_q_v = 256;
   /// Vectors across one block of query rows.
   static constexpr index_t q_vectors_v = BlockQ / width_v;
-  /// Register file: 32 vector registers with AVX-512, 16 otherwise.
+  /// Register file: 32 vector registers with AVX-512 and on AArch64, 16 otherwise.
   static constexpr int registers_v = simd::vector_registers<Arch>;
   /// Lane vectors of one micro-tile: 4 with 32 registers (64 float lanes on
-  /// AVX-512), 2 with 16.
+  /// AVX-512, 16 with NEON), 2 with 16.
   static constexpr index_t micro_q_v = registers_v >= 32 ? 4 : 2;
   /// Rows (keys for scores, output dims for values) of one micro-tile:
   /// micro_rows_v * micro_q_v accumulators plus micro_q_v operands plus one

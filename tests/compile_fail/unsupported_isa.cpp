@@ -1,0 +1,8 @@
+// expect: posenc: this target has no vector instruction set posenc supports.*compilation terminated
+// x86-64 flags: -mno-sse2
+// A target without the vector instructions the kernels need (here x86-64 with SSE2 turned off;
+// elsewhere 32-bit ARM or AArch64 with +nosimd) stops at the first posenc header with one
+// sentence naming the instruction sets and the options, not a cascade of template errors.
+#include <posenc/posenc.hpp>
+
+int main() { return 0; }
