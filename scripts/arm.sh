@@ -17,18 +17,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-pkgs=(cmake make g++-aarch64-linux-gnu qemu-user-static libeigen3-dev libxsimd-dev catch2)
-missing=()
-for p in "${pkgs[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "installing: ${missing[*]}"
-  SUDO=""
-  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-  $SUDO apt-get update
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y "${missing[@]}"
-fi
+bash scripts/deps.sh arm  # the cross compiler, qemu and the header-only dependencies
 
 neon_subset=(
   core/simd core/view core/positions core/aligned_buffer core/threading

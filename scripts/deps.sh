@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages of one set (when missing):
-#   deps.sh [tour|test|all]          (default all)
-#   deps.sh --list [tour|test|all]   prints the set's package names instead
+#   deps.sh [tour|test|arm|all]          (default all)
+#   deps.sh --list [tour|test|arm|all]   prints the set's package names instead
 # tour: what scripts/tour.sh needs to configure and build the tour with the tests and benches off:
 #       the compiler and build tools, Eigen, xsimd and stb (the examples draw PNG pictures). OpenMP
 #       comes with g++; MPI, Google Benchmark, Catch2 and Python are looked up only when found or
@@ -12,19 +12,22 @@
 #       build, the libFuzzer harnesses and the ThreadSanitizer test; libomp-14-dev is clang's
 #       OpenMP. fortunes-min is the lab's training text. g++-aarch64-linux-gnu and qemu-user-static
 #       build and run the AArch64 stage (scripts/arm.sh).
-# all:  the union of both.
+# arm:  what scripts/arm.sh needs alone (part of test): the cross compiler, qemu and the
+#       header-only dependencies.
+# all:  the union of tour and test.
 set -euo pipefail
 tour=(cmake g++ make libeigen3-dev libxsimd-dev libstb-dev)
 test=(cmake g++ make libeigen3-dev libxsimd-dev catch2 libbenchmark-dev libstb-dev clang-14 libclang-rt-14-dev libomp-14-dev
       libopenmpi-dev openmpi-bin fortunes-min python3 g++-aarch64-linux-gnu qemu-user-static)
+arm=(cmake make g++-aarch64-linux-gnu qemu-user-static libeigen3-dev libxsimd-dev catch2)
 
 list=0
 set_name=all
 for arg in "$@"; do
   case "$arg" in
     --list) list=1 ;;
-    tour|test|all) set_name=$arg ;;
-    *) echo "deps.sh: unknown argument '$arg', expected tour, test, all or --list" >&2; exit 2 ;;
+    tour|test|arm|all) set_name=$arg ;;
+    *) echo "deps.sh: unknown argument '$arg', expected tour, test, arm, all or --list" >&2; exit 2 ;;
   esac
 done
 
@@ -32,6 +35,7 @@ pkgs=()
 case "$set_name" in
   tour) pkgs=("${tour[@]}") ;;
   test) pkgs=("${test[@]}") ;;
+  arm)  pkgs=("${arm[@]}") ;;
   all)  # the union, in first-seen order
     for p in "${tour[@]}" "${test[@]}"; do
       case " ${pkgs[*]} " in *" $p "*) ;; *) pkgs+=("$p") ;; esac
