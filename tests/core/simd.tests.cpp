@@ -219,6 +219,41 @@ TEMPLATE_TEST_CASE("simd: fma rounds once where the target has FMA", "[simd]", f
 #endif
 }
 
+// The kernels' scalar tails use fma_scalar beside fma's lanes (rope's two layouts split a row
+// between body and tail differently): both must round alike on every instruction set.
+TEMPLATE_TEST_CASE("simd: fma_scalar rounds as a lane of fma; fma_rounds_once says how", "[simd]", float, double) {
+  using T = TestType;
+  constexpr auto W = simd::width<T>;
+  // a * a = 1 + 2e + e^2 with e^2 below half a unit of 1: rounded first, a * a + c is 0;
+  // rounded once, it is e^2.
+  T const e = std::ldexp(T(1), -(std::numeric_limits<T>::digits + 1) / 2);
+  T const a = T(1) + e, c = -(T(1) + 2 * e);
+  std::vector<T> lanes(W);
+  simd::store(lanes.data(), simd::fma(simd::broadcast(a), simd::broadcast(a), simd::broadcast(c)));
+  T const once = e * e;
+  for (T x : lanes) CHECK(x == (simd::fma_rounds_once<> ? once : T(0)));
+  CHECK(simd::fma_scalar(a, a, c) == lanes[0]);
+#if defined(__FMA__) || defined(__AVX512F__) || defined(__aarch64__)
+  CHECK(simd::fma_rounds_once<>);
+#elif defined(__x86_64__)
+  CHECK_FALSE(simd::fma_rounds_once<>);
+#endif
+  // Random triples, lane by lane, bit for bit.
+  posenc::index_t const n = 64 * W;
+  auto x = posenc_test::random_vector<T>(static_cast<std::size_t>(n), 61, -4, 4);
+  auto y = posenc_test::random_vector<T>(static_cast<std::size_t>(n), 62, -4, 4);
+  auto z = posenc_test::random_vector<T>(static_cast<std::size_t>(n), 63, -4, 4);
+  std::vector<T> r(static_cast<std::size_t>(n));
+  for (posenc::index_t i = 0; i < n; i += W)
+    simd::store(r.data() + i, simd::fma(simd::load(x.data() + i), simd::load(y.data() + i), simd::load(z.data() + i)));
+  int differ = 0;
+  for (std::size_t i = 0; i < r.size(); ++i) {
+    T const s = simd::fma_scalar(x[i], y[i], z[i]);
+    differ += std::memcmp(&s, &r[i], sizeof(T)) != 0;
+  }
+  CHECK(differ == 0);
+}
+
 TEMPLATE_TEST_CASE("simd: transpose against a scalar transposition", "[simd]", float, double) {
   constexpr auto W = simd::width<TestType>;
   using B = simd::batch<TestType>;

@@ -41,7 +41,7 @@ template <class Path, class T, class E>
 void run_attention_backward_here(view<const T> q, view<const T> k, view<const T> v, view<const T> out,
                                  view<const T> dout, view<T> dq, view<T> dk, view<T> dv, E const& enc,
                                  attention_options<T> const& opt, encoder_gradients_t<E>& grads,
-                                 half_masks const& masks16, bool check_lse = true);
+                                 half_masks const& masks16, bool check_lse = true, double* row_sums = nullptr);
 
 /// Validates, rotates q and k when the encoder rotates, runs the path, and
 /// rotates dq and dk back (the transposed rotation). `masks16`: additive
@@ -50,12 +50,14 @@ void run_attention_backward_here(view<const T> q, view<const T> k, view<const T>
 /// (backward_views::check_lse); std::false_type only for an lse over more
 /// keys than k holds (ring attention's blocks). A type, not a value, so that
 /// a consumer of posenc::compiled compiles no backward of its own for the
-/// checked calls (the library's entries always check).
+/// checked calls (the library's entries always check). `row_sums`: with
+/// check_lse off, where each row's share of the check goes (backward_views::row_sums).
 template <class Path, class T, class E, bool CheckLse = true>
 void run_attention_backward(view<const T> q, view<const T> k, view<const T> v, view<const T> out,
                             view<const T> dout, view<T> dq, view<T> dk, view<T> dv, E const& enc,
                             attention_options<T> const& opt, encoder_gradients_t<E>& grads,
-                            half_masks const& masks16 = {}, std::bool_constant<CheckLse> = {}) {
+                            half_masks const& masks16 = {}, std::bool_constant<CheckLse> = {},
+                            double* row_sums = nullptr) {
 #if POSENC_COMPILED
   // posenc::compiled holds the whole fused backward call of its list (compiled/list.hpp):
   // validation, rotations and kernel.
@@ -66,7 +68,8 @@ void run_attention_backward(view<const T> q, view<const T> k, view<const T> v, v
   } else
 #endif
   {
-    run_attention_backward_here<Path>(q, k, v, out, dout, dq, dk, dv, enc, opt, grads, masks16, CheckLse);
+    run_attention_backward_here<Path>(q, k, v, out, dout, dq, dk, dv, enc, opt, grads, masks16, CheckLse,
+                                      CheckLse ? nullptr : row_sums);
   }
 }
 
@@ -75,7 +78,7 @@ template <class Path, class T, class E>
 void run_attention_backward_here(view<const T> q, view<const T> k, view<const T> v, view<const T> out,
                                  view<const T> dout, view<T> dq, view<T> dk, view<T> dv, E const& enc,
                                  attention_options<T> const& opt, encoder_gradients_t<E>& grads,
-                                 half_masks const& masks16, bool check_lse) {
+                                 half_masks const& masks16, bool check_lse, double* row_sums) {
   using P = typename backward_path<Path, E>::type;
   using K = backward_kernel<P>;
   char const* const w = "posenc::attention_backward";
@@ -111,7 +114,8 @@ void run_attention_backward_here(view<const T> q, view<const T> k, view<const T>
       if (check_lse)
         run_attention_backward<Path>(q, c.k, c.v, out, dout, dq, dkc, dvc, enc, c.opt, grads, m);
       else
-        run_attention_backward<Path>(q, c.k, c.v, out, dout, dq, dkc, dvc, enc, c.opt, grads, m, std::false_type{});
+        run_attention_backward<Path>(q, c.k, c.v, out, dout, dq, dkc, dvc, enc, c.opt, grads, m, std::false_type{},
+                                     row_sums);
       for (index_t b = 0; b < dk.batch; ++b)
         for (index_t j = 0; j < cut; ++j)
           for (index_t h = 0; h < dk.heads; ++h) {
@@ -126,6 +130,7 @@ void run_attention_backward_here(view<const T> q, view<const T> k, view<const T>
 
   backward_views<T> io{q, k, v, out, dout, dq, dk, dv};
   io.check_lse = check_lse;  // the path checks a given lse before it writes anything
+  io.row_sums = row_sums;    // or leaves the check to its caller (ring attention)
   if constexpr (has_content_bias<E, T>::value) {
     // Transformer-XL's u: the paths see q + u (as the forward pass's), so dq
     // is also the gradient of the shifted query; each row adds it to d(u).
@@ -164,7 +169,8 @@ template <class Path, class T, class E, bool CheckLse = true>
 void checked_attention_backward(view<const T> q, view<const T> k, view<const T> v, view<const T> out,
                                 view<const T> dout, view<T> dq, view<T> dk, view<T> dv, E const& enc,
                                 attention_options<T> const& opt, half_masks const& masks16,
-                                encoder_gradients_t<E>& grads, std::bool_constant<CheckLse> check_lse = {}) {
+                                encoder_gradients_t<E>& grads, std::bool_constant<CheckLse> check_lse = {},
+                                double* row_sums = nullptr) {
   if constexpr (!has_encoder_traits_v<E>) {
     static_assert(dependent_false_v<E>,
                   "posenc::attention_backward: E is not an encoder; specialize posenc::encoder_traits<E> "
@@ -206,7 +212,7 @@ void checked_attention_backward(view<const T> q, view<const T> k, view<const T> 
                       "posenc::attention_backward: this path has no backward pass yet; use path::reference "
                       "(or path::best, which picks the fastest path that has one)");
       } else {
-        run_attention_backward<P>(q, k, v, out, dout, dq, dk, dv, enc, opt, grads, masks16, check_lse);
+        run_attention_backward<P>(q, k, v, out, dout, dq, dk, dv, enc, opt, grads, masks16, check_lse, row_sums);
       }
     }
   }

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -124,6 +125,42 @@ inline batch<T, Arch> fma(batch<T, Arch> const& a, batch<T, Arch> const& b,
 #else
   return xsimd::fma(a, b, c);
 #endif
+}
+
+namespace detail {
+constexpr bool name_has_fma(char const* s) noexcept {
+  for (; *s; ++s)
+    if (s[0] == 'f' && s[1] == 'm' && s[2] == 'a') return true;
+  return false;
+}
+}  // namespace detail
+
+/// True when fma<T, Arch> rounds once: x86 with FMA3 or FMA4 (xsimd's "fma3+..." and "fma4"
+/// architectures), AVX-512, and AArch64 NEON. False on x86 without FMA (SSE2 .. AVX), where
+/// xsimd computes a * b + c with two roundings.
+template <class Arch = default_arch>
+inline constexpr bool fma_rounds_once = detail::name_has_fma(Arch::name())
+#if XSIMD_WITH_AVX512F
+                                        || std::is_base_of<xsimd::avx512f, Arch>::value
+#endif
+#if XSIMD_WITH_NEON64
+                                        || std::is_base_of<xsimd::neon64, Arch>::value
+#endif
+    ;
+
+/// a * b + c for one scalar, rounded as a lane of fma<T, Arch> is: std::fma where the batches
+/// fuse (fma_rounds_once), else the product rounded and then the sum. A kernel's scalar tail
+/// uses it beside a vector body, so an element's bits do not depend on whether it falls in the
+/// body or in the tail (and no call into libm's software fma on x86 without FMA).
+template <class Arch = default_arch, class T>
+inline T fma_scalar(T a, T b, T c) noexcept {
+  if constexpr (fma_rounds_once<Arch>) {
+    return std::fma(a, b, c);
+  } else {
+    // No FMA instruction on this target, so the compiler cannot contract this into one.
+    T const p = a * b;
+    return p + c;
+  }
 }
 
 /// x with NaN lanes as 0 and every other lane clamped to [-bound, bound].

@@ -24,7 +24,27 @@ struct ring_backward_buffers {
   aligned_buffer<T> arriving;    // the same, from the left neighbour
   std::vector<double> dq;        // (batch, shard, Hq, D)
   aligned_buffer<T> dq_run, dk_run, dv_run, lse_run;
+  // The check of the given lse: each query row's sum_j exp(s_ij - lse_i) over every key of the
+  // ring, (batch, Hq, shard), and one block call's share, (batch, Hq, run).
+  std::vector<double> lse_sums, run_sums;
 };
+
+/// Phase 0's check of the given lse values: a finite value beyond lse_trusted_limit (2^11 in
+/// float) is rejected. The single-process backward recomputes such a row's lse from its scores;
+/// on the ring a row's scores are spread over every rank's block, so it cannot, and the given
+/// value's rounding would scale the row's gradients by up to exp of it.
+template <class T>
+void check_ring_lse_values(char const* w, T const* lse, index_t B, index_t Hq, index_t S) {
+  for (index_t r = 0; r < B * Hq * S; ++r) {
+    double const x = static_cast<double>(lse[r]);
+    posenc::detail::require(posenc::detail::lse_trusted<T>(lse[r]), w, "lse of batch entry ", r / (Hq * S),
+                            ", head ", (r / S) % Hq, ", row ", r % S, " is ", x, ", expected |lse| <= ",
+                            posenc::detail::lse_trusted_limit<T>(),
+                            ": beyond it the rounding of a given lse scales a row's gradients, and a ring ",
+                            "cannot recompute the row's own (its keys are on every rank); run this ring in ",
+                            "double, or call attention_backward on the whole sequence");
+  }
+}
 
 /// The forward log-sum-exp of the query rows [q0, q0 + n) of the shard, packed (batch, Hq, n).
 template <class T>
@@ -60,19 +80,23 @@ void backward_block(MPI_Comm comm, ring_backward_buffers<T>& bb, T* partial, ind
   view<T> const dv = make_bshd(bb.dv_run.data(), B, kn, Hkv, Dv);
   try {
     // The lse is the whole sequence's, over more keys than this block's: a row's probabilities here
-    // sum to less than 1, so the backward pass's check of a given lse is off (the last argument).
+    // sum to less than 1, so the block call does not check it; it adds each row's share of the
+    // check to run_sums, and ring_attention_backward checks the whole rows before writing.
+    std::fill(bb.run_sums.begin(), bb.run_sums.begin() + B * Hq * n, 0.0);
     if constexpr (encoder_traits<E>::rotates_queries_keys)
       posenc::detail::checked_attention_backward<path::fused, T>(q, k, v, out, dout, dq, dk, dv,
                                                                  rotation_applied<E>(enc), o, {}, grads,
-                                                                 std::false_type{});
+                                                                 std::false_type{}, bb.run_sums.data());
     else
       posenc::detail::checked_attention_backward<path::fused, T>(q, k, v, out, dout, dq, dk, dv, enc, o, {}, grads,
-                                                                 std::false_type{});
+                                                                 std::false_type{}, bb.run_sums.data());
   } catch (error const& e) {
     // Unreachable after the agreement phases; the other ranks would wait forever.
     std::fprintf(stderr, "%s\n", e.what());
     MPI_Abort(comm, 1);
   }
+  for (index_t bh = 0; bh < B * Hq; ++bh)
+    for (index_t i = 0; i < n; ++i) bb.lse_sums[static_cast<std::size_t>(bh * shard + q0 + i)] += bb.run_sums[static_cast<std::size_t>(bh * n + i)];
   add_rows(bb.dq.data(), shard, bb.dq_run.data(), B, q0, n, Hq, D);
   add_rows(partial, block_len, bb.dk_run.data(), B, k0, kn, Hkv, D);
   add_rows(partial + B * block_len * Hkv * D, block_len, bb.dv_run.data(), B, k0, kn, Hkv, Dv);
@@ -143,6 +167,7 @@ ring_stats ring_attention_backward(MPI_Comm comm, view<const posenc::detail::ide
                             "lse is null, expected the forward ring_attention's log-sum-exp (batch, Hq, shard) = ",
                             lse_values, " values");
     posenc::detail::validate_backward(w, q, k, v, out, dout, dq, dk, dv, enc, opt, grads, true);
+    if (lse_values > 0) detail::check_ring_lse_values(w, static_cast<T const*>(opt.lse.data()), q.batch, q.heads, q.seq);
   } catch (error const& e) {
     mine.set_error(e.what());
   }
@@ -169,6 +194,8 @@ ring_stats ring_attention_backward(MPI_Comm comm, view<const posenc::detail::ide
   detail::fit(bb.dv_run, B * max_run * Hkv * Dv);
   detail::fit(bb.lse_run, B * Hq * max_run);
   bb.dq.assign(static_cast<std::size_t>(B * S * Hq * D), 0.0);
+  bb.lse_sums.assign(static_cast<std::size_t>(B * Hq * S), 0.0);
+  bb.run_sums.assign(static_cast<std::size_t>(B * Hq * max_run), 0.0);
   std::vector<index_t> klens(static_cast<std::size_t>(B));
   view<const T> const qsrc = traits::rotates_queries_keys
                                  ? view<const T>(make_bshd(ws.q_rotated.data(), B, S, Hq, D))
@@ -244,6 +271,24 @@ ring_stats ring_attention_backward(MPI_Comm comm, view<const posenc::detail::ide
     sums = bb.arriving.data();
   }
   stats.wait_seconds += detail::seconds_since(t_wait);
+
+  // The check of the given lse, now that each row has every key's share (as attention_backward
+  // checks it: options other than the forward's change a row's sum by O(1)). Every rank learns of
+  // any rank's mismatch, and nothing is written on any of them.
+  {
+    detail::descriptor checked;
+    try {
+      index_t keys = 0;
+      for (index_t len : lengths) keys += len;
+      T const* lse = static_cast<T const*>(opt.lse.data());
+      for (index_t row = 0; row < B * Hq * S; ++row)
+        posenc::detail::check_lse_row(w, row / (Hq * S), (row / S) % Hq, row % S, keys, lse[row],
+                                      bb.lse_sums[static_cast<std::size_t>(row)]);
+    } catch (error const& e) {
+      checked.set_error(e.what());
+    }
+    detail::require_agreement(detail::exchange(ring.get(), checked), r, w);
+  }
 
   // Write dq, dk, dv; rotating encoders: the transposed rotation at the forward's positions.
   auto const dk_sum = detail::block_views(sums, B, S, Hkv, D, Dv);

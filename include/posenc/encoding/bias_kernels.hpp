@@ -92,7 +92,7 @@ inline void add_scaled(T* out, T a, S const* x, index_t n) noexcept {
     simd::store(out + b * w, simd::fma(ab, load_as<T>(x + b * w), simd::load(out + b * w)));
   T* tail = out + full * w;
   S const* x_tail = x + full * w;
-  for (index_t t = 0; t < n % w; ++t) tail[t] = std::fma(a, stored_value<T>(x_tail[t]), tail[t]);  // as dot
+  for (index_t t = 0; t < n % w; ++t) tail[t] = simd::fma_scalar(a, stored_value<T>(x_tail[t]), tail[t]);  // as the body
 }
 
 /// sum_i a[i] * b[i] (b stored as T, or in 16 bits with float T).
@@ -108,9 +108,9 @@ inline T dot(T const* a, S const* b, index_t n) noexcept {
   }
   T const* a_tail = a + full * w;
   S const* b_tail = b + full * w;
-  // std::fma, as the batches: a contraction left to the compiler may differ
+  // simd::fma_scalar, rounded as the batches: a contraction left to the compiler may differ
   // between the instantiations for T and for a 16-bit S (they must agree bit for bit).
-  for (index_t t = 0; t < n % w; ++t) s = std::fma(a_tail[t], stored_value<T>(b_tail[t]), s);
+  for (index_t t = 0; t < n % w; ++t) s = simd::fma_scalar(a_tail[t], stored_value<T>(b_tail[t]), s);
   return s;
 }
 

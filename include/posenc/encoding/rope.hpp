@@ -79,9 +79,11 @@ namespace detail {
 // and the inverse (angle -phi)
 //   a' = fma(a, c,   b * s) * g,    b' = fma(b, c, -(a * s)) * g
 // where g = 1 / a^2 undoes an attention factor a folded into c and s.
-// The scalar reference and both SIMD layouts round identically, so on an
-// instruction set with FMA they agree bit for bit, and the two layouts agree
-// exactly under the pair permutation.
+// fma is simd::fma in the vector bodies and simd::fma_scalar in the scalar
+// code: one rounding where the instruction set has FMA, two (product, then
+// sum) where it has not (x86 without -mfma). So the scalar reference and both
+// SIMD layouts round identically on every instruction set: they agree bit for
+// bit, and the two layouts agree exactly under the pair permutation.
 
 /// Scalar reference for one head row: rotates the first r components of `in`
 /// into `out` (may alias). c, s: r/2 values, one per pair. `g` scales the
@@ -95,11 +97,11 @@ void rope_rotate_scalar(rope_layout layout, T* out, T const* in, T const* c, T c
     index_t const i1 = layout == rope_layout::half_split ? k + h : 2 * k + 1;
     T const a = in[i0], b = in[i1];
     if (!inverse) {
-      out[i0] = std::fma(a, c[k], -(b * s[k]));
-      out[i1] = std::fma(b, c[k], a * s[k]);
+      out[i0] = simd::fma_scalar(a, c[k], -(b * s[k]));
+      out[i1] = simd::fma_scalar(b, c[k], a * s[k]);
     } else {
-      out[i0] = std::fma(a, c[k], b * s[k]) * g;
-      out[i1] = std::fma(b, c[k], -(a * s[k])) * g;
+      out[i0] = simd::fma_scalar(a, c[k], b * s[k]) * g;
+      out[i1] = simd::fma_scalar(b, c[k], -(a * s[k])) * g;
     }
   }
 }
@@ -151,7 +153,7 @@ inline void rope_store(S* p, simd::batch<T, Arch> const& b) noexcept {
 }
 
 // The tails (rotary_dim not a multiple of the vector width) are scalar: the
-// same single-rounding fma per element as the vector lanes, so a row gives the
+// same rounding per element as the vector lanes (simd::fma_scalar), so a row gives the
 // same bits whichever part of it a pair falls in; and no stack round trip
 // (partial loads through a buffer cost more than the tail itself).
 
@@ -161,11 +163,11 @@ inline void rope_rotate_half_tail(S* out, S const* in, T const* c, T const* s, i
   for (; k < h; ++k) {
     T const a = rope_get<T>(in[k]), b = rope_get<T>(in[h + k]);
     if constexpr (!Inverse) {
-      out[k] = rope_put<S>(std::fma(a, c[k], -(b * s[k])));
-      out[h + k] = rope_put<S>(std::fma(b, c[k], a * s[k]));
+      out[k] = rope_put<S>(simd::fma_scalar(a, c[k], -(b * s[k])));
+      out[h + k] = rope_put<S>(simd::fma_scalar(b, c[k], a * s[k]));
     } else {
-      out[k] = rope_put<S>(std::fma(a, c[k], b * s[k]) * g);
-      out[h + k] = rope_put<S>(std::fma(b, c[k], -(a * s[k])) * g);
+      out[k] = rope_put<S>(simd::fma_scalar(a, c[k], b * s[k]) * g);
+      out[h + k] = rope_put<S>(simd::fma_scalar(b, c[k], -(a * s[k])) * g);
     }
   }
 }
@@ -178,11 +180,11 @@ inline void rope_rotate_interleaved_tail(S* out, S const* in, T const* c, T cons
   for (; k < r; k += 2) {
     T const a = rope_get<T>(in[k]), b = rope_get<T>(in[k + 1]);
     if constexpr (!Inverse) {
-      out[k] = rope_put<S>(std::fma(a, c[k], b * s[k]));  // b * (-s) == -(b * s)
-      out[k + 1] = rope_put<S>(std::fma(b, c[k + 1], a * s[k + 1]));
+      out[k] = rope_put<S>(simd::fma_scalar(a, c[k], b * s[k]));  // b * (-s) == -(b * s)
+      out[k + 1] = rope_put<S>(simd::fma_scalar(b, c[k + 1], a * s[k + 1]));
     } else {
-      out[k] = rope_put<S>(std::fma(a, c[k], -(b * s[k])) * g);
-      out[k + 1] = rope_put<S>(std::fma(b, c[k + 1], -(a * s[k + 1])) * g);
+      out[k] = rope_put<S>(simd::fma_scalar(a, c[k], -(b * s[k])) * g);
+      out[k + 1] = rope_put<S>(simd::fma_scalar(b, c[k + 1], -(a * s[k + 1])) * g);
     }
   }
 }

@@ -211,7 +211,7 @@ void row_statistics(attention_plan<T> const& p, backward_views<T> const& io, E c
     // The FMAs of dP = dO V^T (lane_scores) in the same order: where a row sees one key, O is that
     // key's value and Delta equals its dP bit for bit, so dS is exactly 0 as it should be.
     T acc = 0;
-    for (index_t e = 0; e < Dv; ++e) acc = std::fma(d[e], o[e], acc);
+    for (index_t e = 0; e < Dv; ++e) acc = simd::fma_scalar<typename Tr::arch>(d[e], o[e], acc);
     delta_out[i] = acc;
   }
   std::fill(own_out, own_out + Sq, std::numeric_limits<T>::quiet_NaN());
@@ -505,12 +505,13 @@ void fused_attention_backward(attention_plan<T> const& p, backward_views<T> cons
   for (G& g : local) g.set_zero();
   // A given lse is checked before any output is written: dk, dv go to scratch until then.
   bool const check = p.lse != nullptr && io.check_lse;
+  bool const gather = p.lse != nullptr && (io.check_lse || io.row_sums != nullptr);  // row sums wanted
   index_t const dk_n = check ? B * Sk * p.kv_heads * D : 0, dv_n = check ? B * Sk * p.kv_heads * Dv : 0;
   // Kept by the calling thread and reused: a fresh buffer of this size costs a page fault per 4 KiB
   // on every call (about 15% of a 4096-token backward on this project's machine).
   thread_local aligned_buffer<T> kv_scratch;
   if (kv_scratch.size() < dk_n + dv_n) kv_scratch = aligned_buffer<T>::uninitialized(dk_n + dv_n);
-  auto sums = aligned_buffer<T>::uninitialized(check ? tasks * p.group * Sq : 0);  // (task, group head, row)
+  auto sums = aligned_buffer<T>::uninitialized(gather ? tasks * p.group * Sq : 0);  // (task, group head, row)
   view<T> const dk_out = check ? make_bshd(kv_scratch.data(), B, Sk, p.kv_heads, D) : io.dk;
   view<T> const dv_out = check ? make_bshd(kv_scratch.data() + dk_n, B, Sk, p.kv_heads, Dv) : io.dv;
   parallel_for(tasks, p.threads, [&](index_t task) {
@@ -519,7 +520,7 @@ void fused_attention_backward(attention_plan<T> const& p, backward_views<T> cons
     index_t const b = pair / p.kv_heads, hk = pair % p.kv_heads;
     index_t const c0 = std::min(Sk, c * chunk_len), c1 = std::min(Sk, c0 + chunk_len);
     key_chunk<Tr>(p, io, enc, b, hk, c0, c1, lse, delta, sc, part.data() + task * per_task, dk_out, dv_out,
-                  check ? sums.data() + task * p.group * Sq : nullptr, local[static_cast<std::size_t>(task)]);
+                  gather ? sums.data() + task * p.group * Sq : nullptr, local[static_cast<std::size_t>(task)]);
   });
   if (check) {
     for (index_t b = 0; b < B; ++b)
@@ -539,6 +540,17 @@ void fused_attention_backward(attention_plan<T> const& p, backward_views<T> cons
         std::copy(dv_out.ptr(b, j, hk), dv_out.ptr(b, j, hk) + Dv, io.dv.ptr(b, j, hk));
       }
     });
+  } else if (gather) {  // the caller checks: each row's sum, the chunks' in chunk order
+    for (index_t b = 0; b < B; ++b)
+      for (index_t h = 0; h < p.q_heads; ++h) {
+        index_t const hk = p.kv_head(h), h0 = hk * p.group;
+        for (index_t i = 0; i < Sq; ++i) {
+          double sum = 0;
+          for (index_t c = 0; c < chunks; ++c)
+            sum += static_cast<double>(sums[((b * p.kv_heads + hk) * chunks + c) * p.group * Sq + (h - h0) * Sq + i]);
+          io.row_sums[(b * p.q_heads + h) * Sq + i] += sum;
+        }
+      }
   }
   parallel_for(B * p.q_heads, p.threads, [&](index_t task) {
     sum_dq_partials(p, io, task / p.q_heads, task % p.q_heads, chunks, part.data());

@@ -60,6 +60,10 @@ struct backward_views {
   // (check_lse_row) before writing. False only where the caller passes the lse of a longer
   // key sequence on purpose (ring attention's blocks: partial sums).
   bool check_lse = true;
+  // With a given lse and check_lse false: when non-null, each row's sum_j exp(s_ij - lse_i) over
+  // these keys is added to row_sums[(b * Hq + h) * Sq + i] (0 where the row sees none of them), so
+  // that the caller can check the rows once it has every key's share (ring attention's blocks).
+  double* row_sums = nullptr;
 };
 
 /// The bound on |log sum_j exp(s_ij - lse_i)| for a row of `n` keys whose lse is `lse`:

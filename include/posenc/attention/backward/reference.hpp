@@ -50,10 +50,11 @@ void reference_attention_backward(attention_plan<T> const& p, backward_views<T> 
   std::vector<G> local(static_cast<std::size_t>(tasks), grads);
   for (G& g : local) g.set_zero();
   bool const check = p.lse != nullptr && io.check_lse;
+  bool const gather = p.lse != nullptr && (io.check_lse || io.row_sums != nullptr);  // row sums wanted
   // Per task until the check: its dk, dv rows (Sk x D, Sk x Dv) and dq rows (group x Sq x D).
   std::vector<std::vector<Acc>> dk_task(static_cast<std::size_t>(tasks)), dv_task(static_cast<std::size_t>(tasks));
   std::vector<std::vector<T>> dq_task(static_cast<std::size_t>(tasks));
-  std::vector<double> row_sums(check ? static_cast<std::size_t>(p.batch * p.q_heads * Sq) : 0);
+  std::vector<double> row_sums(gather ? static_cast<std::size_t>(p.batch * p.q_heads * Sq) : 0);
 
   parallel_for(tasks, p.threads, [&](index_t task) {
     index_t const b = task / p.kv_heads, hk = task % p.kv_heads;
@@ -121,7 +122,7 @@ void reference_attention_backward(attention_plan<T> const& p, backward_views<T> 
             lse = m + std::log(sum);
           }
         }
-        if (check) {  // sum_j exp(s_ij - lse_i) over the visible keys, for check_lse_row
+        if (gather) {  // sum_j exp(s_ij - lse_i) over the visible keys, for check_lse_row
           double row_sum = 0;
           if (own_lse) {  // exp(own_i - lse_i): 0 where the row sees no key, NaN where its scores are
             row_sum = m == ninf ? 0.0 : std::exp(static_cast<double>(lse) - static_cast<double>(given));
@@ -203,6 +204,8 @@ void reference_attention_backward(attention_plan<T> const& p, backward_views<T> 
           index_t const r = (b * p.q_heads + h) * Sq + i;
           check_lse_row("posenc::attention_backward", b, h, i, Sk, p.lse[r], row_sums[static_cast<std::size_t>(r)]);
         }
+  } else if (gather) {
+    for (std::size_t r = 0; r < row_sums.size(); ++r) io.row_sums[r] += row_sums[r];
   }
   parallel_for(tasks, p.threads, [&](index_t task) {
     index_t const b = task / p.kv_heads, hk = task % p.kv_heads;

@@ -45,8 +45,8 @@ struct listed_rows {
 /// s[j0, j0 + n) from part[t] (per-lane partial sums of key t over the dims
 /// [0, dim_w), the whole vectors of the head dim): the sums of width keys
 /// reduced by one width x width transpose instead of a horizontal sum per
-/// key; the dims past dim_w one by one (std::fma: the same bits whatever the
-/// compiler contracts).
+/// key; the dims past dim_w one by one (simd::fma_scalar: the lanes' rounding, the same bits
+/// whatever the compiler contracts).
 template <class Tr, class Rows>
 POSENC_ALWAYS_INLINE void reduce_scores(typename Tr::value_type const (*part)[size_v<Tr::width_v>], index_t n,
                                         typename Tr::value_type const* q, Rows const& krow, index_t j0,
@@ -65,7 +65,7 @@ POSENC_ALWAYS_INLINE void reduce_scores(typename Tr::value_type const (*part)[si
     for (index_t t = 0; t < w_v; ++t) {
       T x = 0;
       if (t < n)
-        for (index_t e = dim_w; e < head_dim; ++e) x = std::fma(q[e], stored_value<T>(krow(j0 + t)[e]), x);
+        for (index_t e = dim_w; e < head_dim; ++e) x = simd::fma_scalar<A>(q[e], stored_value<T>(krow(j0 + t)[e]), x);
       tail[t] = x;
     }
     sum = sum + simd::load<T, A>(tail);
@@ -308,7 +308,7 @@ inline void row_values(typename Tr::value_type const* const* pr, typename Tr::va
     for (int g = 0; g < NG; ++g) {
       T a = o[g * value_dim + d] * alpha[g];
       for (index_t j = 0; j < nk; ++j)
-        if (!Guarded || pr[g][j] != T(0)) a = std::fma(pr[g][j], stored_value<T>(vrow(j)[d]), a);
+        if (!Guarded || pr[g][j] != T(0)) a = simd::fma_scalar<A>(pr[g][j], stored_value<T>(vrow(j)[d]), a);
       o[g * value_dim + d] = a;
     }
   }
