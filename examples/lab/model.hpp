@@ -215,8 +215,7 @@ class model {
       dw(lb.relative_a) += g.key;
       dw(lb.relative_b) += g.value;
     } else if constexpr (std::is_same_v<G, typename posenc::learned<T>::gradients>) {
-      auto d = dr(lb.absolute_table);
-      for (Eigen::Index i = 0; i < d.size(); ++i) d(i) += g.table[static_cast<std::size_t>(i)];
+      dw(lb.absolute_table) += g.table;  // (seq, d_model), the table's shape
     }
   }
 

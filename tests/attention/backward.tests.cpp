@@ -222,7 +222,7 @@ std::vector<std::vector<float>> all_gradients(attention_problem<float>& p, E con
   auto g = make_gradients(enc);
   p.gradients<Path>(enc, g, with_lse);
   std::vector<float> e;
-  if constexpr (std::is_same_v<E, alibi<float>>) e.assign(g.slopes.begin(), g.slopes.end());
+  if constexpr (std::is_same_v<E, alibi<float>>) e.assign(g.slopes.data(), g.slopes.data() + g.slopes.size());
   return {p.dq, p.dk, p.dv, e};
 }
 
@@ -407,7 +407,7 @@ TEST_CASE("backward: bias encoders' table gradients by central differences", "[b
       auto enc = make();
       auto g = enc.make_gradients(true);
       fd_report r = check_input_gradients(p, enc, g);
-      central_differences(r, "d(slopes)", slopes, g.slopes, [&] { return p.loss(make()); });
+      central_differences(r, "d(slopes)", slopes, flat(g.slopes), [&] { return p.loss(make()); });
       INFO("form " << static_cast<int>(form) << ": " << r.describe());
       CHECK(r.ok());
     }
@@ -416,15 +416,16 @@ TEST_CASE("backward: bias encoders' table gradients by central differences", "[b
     alibi<double> enc(alibi_form::paper, H);
     attention_problem<double> p(1, 4, 4, H, H, 3, 3, 36);
     auto g = make_gradients(enc);
-    REQUIRE(g.slopes.size() == static_cast<std::size_t>(H));
+    REQUIRE(g.slopes.rows() == H);  // (heads, 1), the slopes' shape
+    REQUIRE(g.slopes.cols() == 1);
     p.gradients(enc, g);
     auto asked = enc.make_gradients(true);
     p.gradients(enc, asked);
     CHECK(g.slopes == asked.slopes);
-    CHECK(std::any_of(g.slopes.begin(), g.slopes.end(), [](double s) { return s != 0.0; }));
+    CHECK((g.slopes.array() != 0.0).any());
     auto fixed = enc.make_gradients(false);
     p.gradients(enc, fixed);
-    CHECK(fixed.slopes.empty());
+    CHECK(fixed.slopes.size() == 0);
   }
 }
 
@@ -514,7 +515,7 @@ TEST_CASE("backward: compose sums its parts' gradients", "[backward]") {
   attention_problem<double> p(1, 5, 5, H, H, D, D, 63);
   fd_report r = check_input_gradients(p, enc, g);
   central_differences(r, "d(t5)", t5t, flat(g.get<1>().table), [&] { return p.loss(make()); });
-  central_differences(r, "d(slopes)", slopes, g.get<2>().slopes, [&] { return p.loss(make()); });
+  central_differences(r, "d(slopes)", slopes, flat(g.get<2>().slopes), [&] { return p.loss(make()); });
   central_differences(r, "d(aK)", ak, flat(g.get<3>().key), [&] { return p.loss(make()); });
   INFO(r.describe());
   CHECK(r.ok());
@@ -564,13 +565,13 @@ TEST_CASE("backward: absolute encoders through attention (learned scatter-add, s
   auto g = enc.make_gradients();
   enc.add_to_backward(make_bsd(static_cast<double const*>(dx.data()), B, S, dm), pos, g);
   fd_report r;
-  central_differences(r, "d(table)", table, g.table, loss);
+  central_differences(r, "d(table)", table, flat(g.table), loss);
   INFO(r.describe());
   CHECK(r.ok());
   // Rows no position reads get nothing; the padding row (position -1 + offset 2 = row 1) gets its share.
-  for (index_t c = 0; c < dm; ++c) CHECK(g.table[static_cast<std::size_t>(0 * dm + c)] == 0.0);
+  for (index_t c = 0; c < dm; ++c) CHECK(g.table(0, c) == 0.0);
   bool row1 = false;
-  for (index_t c = 0; c < dm; ++c) row1 = row1 || g.table[static_cast<std::size_t>(1 * dm + c)] != 0.0;
+  for (index_t c = 0; c < dm; ++c) row1 = row1 || g.table(1, c) != 0.0;
   CHECK(row1);
 
   SECTION("sinusoidal: no parameters, the gradient of x passes through") {
@@ -591,12 +592,11 @@ TEST_CASE("backward: learned scatter-add matches an explicit loop, offsets respe
   position_span pos = position_span::per_batch(firsts);
   auto g = enc.make_gradients();
   enc.add_to_backward(make_bsd(static_cast<float const*>(dx.data()), B, S, dm), pos, g);
-  std::vector<float> want(static_cast<std::size_t>(rows * dm), 0.0f);
+  gradient_tensor<float> want = gradient_tensor<float>::Zero(rows, dm);  // the table's shape
   for (index_t b = 0; b < B; ++b)
     for (index_t s = 0; s < S; ++s)
       for (index_t c = 0; c < dm; ++c)
-        want[static_cast<std::size_t>((firsts[static_cast<std::size_t>(b)] + s + 2) * dm + c)] +=
-            dx[static_cast<std::size_t>((b * S + s) * dm + c)];
+        want(firsts[static_cast<std::size_t>(b)] + s + 2, c) += dx[static_cast<std::size_t>((b * S + s) * dm + c)];
   CHECK(g.table == want);
   auto g2 = enc.make_gradients();
   enc.add_to_backward(make_bsd(static_cast<float const*>(dx.data()), B, S, dm), pos, g2);

@@ -35,7 +35,7 @@ std::vector<float> gradient_values(G const& g) {
     add_matrix(g.key);
     add_matrix(g.value);
   } else if constexpr (std::is_same_v<G, posenc::alibi<float>::gradients>) {
-    x.assign(g.slopes.begin(), g.slopes.end());
+    add_matrix(g.slopes);  // (heads, 1)
   }
   return x;
 }
@@ -279,4 +279,66 @@ TEST_CASE("ring backward errors of the later phases name ring_attention_backward
   for (float e : dq) CHECK(e == -7.f);
   for (float e : dk) CHECK(e == -7.f);
   for (float e : dv) CHECK(e == -7.f);
+}
+
+// The given lse is checked over each row's whole key sequence (the blocks' shares summed), so a
+// backward call whose options differ from the forward's throws on every rank before writing.
+TEST_CASE("ring backward checks the forward's lse over every key of the ring, nothing written",
+          "[ring][backward][errors]") {
+  index_t const me = posenc_test::world_rank(), n = 6, H = 2, D = 8;
+  auto q = posenc_test::random_vector<float>(static_cast<std::size_t>(n * H * D), 1700 + static_cast<std::uint64_t>(me), -2, 2);
+  auto k = posenc_test::random_vector<float>(q.size(), 1800 + static_cast<std::uint64_t>(me), -2, 2);
+  auto v = posenc_test::random_vector<float>(q.size(), 1900 + static_cast<std::uint64_t>(me));
+  auto dout = posenc_test::random_vector<float>(q.size(), 2000 + static_cast<std::uint64_t>(me));
+  std::vector<float> out(q.size()), lse(static_cast<std::size_t>(H * n));
+  auto view_of = [&](std::vector<float>& b) { return posenc::make_bshd(b.data(), 1, n, H, D); };
+  auto cview = [&](std::vector<float>& b) { return posenc::view<const float>(view_of(b)); };
+  dist::ring_options<float> fwd;
+  fwd.layout = dist::shard_layout::contiguous;
+  fwd.causal = true;
+  fwd.lse = lse;
+  posenc::alibi<float> const al(posenc::alibi_form::paper, H);
+  dist::ring_attention(MPI_COMM_WORLD, cview(q), cview(k), cview(v), view_of(out), al, fwd);
+  std::vector<float> dq(q.size(), -7.f), dk(q.size(), -7.f), dv(q.size(), -7.f);
+  auto run = [&](dist::ring_options<float> const& o) {
+    auto g = posenc::make_gradients(al);
+    dist::ring_attention_backward(MPI_COMM_WORLD, cview(q), cview(k), cview(v), cview(out), cview(dout),
+                                  view_of(dq), view_of(dk), view_of(dv), al, o, g);
+  };
+  auto untouched = [&] {
+    int changed = 0;
+    for (auto const* b : {&dq, &dk, &dv})
+      for (float e : *b) changed += e != -7.f;
+    return changed;
+  };
+  // Causal dropped, or another scale: some row of every rank sees other keys or scores.
+  {
+    dist::ring_options<float> o = fwd;
+    o.causal = false;
+    REQUIRE_THROWS_WITH(run(o), posenc_test::contains("posenc::ring_attention_backward: ") &&
+                                    posenc_test::contains("lse does not match the scores") &&
+                                    posenc_test::contains("causal, scale, mask, encoder or positions differ"));
+    CHECK(untouched() == 0);
+  }
+  {
+    dist::ring_options<float> o = fwd;
+    o.scale = 0.5f;
+    REQUIRE_THROWS_WITH(run(o), posenc_test::contains("lse does not match the scores"));
+    CHECK(untouched() == 0);
+  }
+  // A given value beyond what float can carry precisely enough (rank 0's first row only): every
+  // rank throws in the first phase, naming the limit.
+  {
+    std::vector<float> big = lse;
+    if (me == 0) big[0] = 3000.f;
+    dist::ring_options<float> o = fwd;
+    o.lse = big;
+    REQUIRE_THROWS_WITH(run(o), posenc_test::contains("lse of batch entry 0, head 0, row 0 is 3000, expected |lse| <= 2048"));
+    CHECK(untouched() == 0);
+  }
+  // The forward's own options pass the check and write every gradient.
+  REQUIRE_NOTHROW(run(fwd));
+  CHECK(untouched() == static_cast<int>(3 * q.size()));
+  for (auto const* b : {&dq, &dk, &dv})
+    for (float e : *b) CHECK(std::isfinite(e));
 }

@@ -215,14 +215,14 @@ TEST_CASE("learned: the padding row gets no gradient, as nn.Embedding(padding_id
   auto const dxv = posenc::make_bsd(static_cast<float const*>(dx.data()), B, S, dm);
   auto const pos = posenc::position_span::ids(ids.data(), B, S);
   // The scatter-add of every token into the row it read, then the padding row cleared when there is one.
-  std::vector<float> every_row(static_cast<std::size_t>(rows * dm), 0.0f);
+  // The gradient has the table's shape, (rows, d_model).
+  posenc::gradient_tensor<float> every_row = posenc::gradient_tensor<float>::Zero(rows, dm);
   for (index_t t = 0; t < B * S; ++t)
     for (index_t c = 0; c < dm; ++c)
-      every_row[static_cast<std::size_t>((ids[static_cast<std::size_t>(t)] + offset) * dm + c)] +=
-          dx[static_cast<std::size_t>(t * dm + c)];
+      every_row(ids[static_cast<std::size_t>(t)] + offset, c) += dx[static_cast<std::size_t>(t * dm + c)];
   auto without_padding_row = every_row;
-  std::fill_n(without_padding_row.begin() + dm, dm, 0.0f);
-  REQUIRE(every_row[static_cast<std::size_t>(dm)] != 0.0f);
+  without_padding_row.row(1).setZero();
+  REQUIRE(every_row(1, 0) != 0.0f);
 
   auto const opt_like = learned<float>::random(rows, dm, 3u, offset);  // OPT, BART: row 1 learns
   CHECK(opt_like.padding_row() == -1);

@@ -242,12 +242,17 @@ TEST_CASE("attention_backward: an lse from a forward pass with other options thr
 }
 
 TEST_CASE("attention_backward: bad ALiBi and Shaw gradients, learned add_to_backward", "[errors][backward]") {
-  SECTION("ALiBi slopes of the wrong count") {
+  SECTION("ALiBi slopes of the wrong shape") {
     alibi<float> enc(alibi_form::paper, 2);
     auto g = enc.make_gradients(true);
-    g.slopes.push_back(0.0f);
-    std::string const m = posenc_test::error_of([&] { enc.check_gradients("posenc::attention_backward", g); });
-    CHECK(m == "posenc::attention_backward: grads.slopes has 3 values, expected 0 (fixed slopes) or 2 (heads)");
+    g.slopes = gradient_tensor<float>::Zero(3, 1);
+    std::string m = posenc_test::error_of([&] { enc.check_gradients("posenc::attention_backward", g); });
+    CHECK(m == "posenc::attention_backward: grads.slopes shape is (3, 1), expected (0, 0) (fixed slopes) or (2, 1) "
+               "(heads, 1)");
+    g.slopes = gradient_tensor<float>::Zero(1, 2);  // the right count as a row
+    m = posenc_test::error_of([&] { enc.check_gradients("posenc::attention_backward", g); });
+    CHECK(m == "posenc::attention_backward: grads.slopes shape is (1, 2), expected (0, 0) (fixed slopes) or (2, 1) "
+               "(heads, 1)");
   }
   SECTION("Shaw value gradient without value embeddings") {
     shaw<float> enc(1, 4, shaw_terms::keys, 3u);
@@ -256,7 +261,7 @@ TEST_CASE("attention_backward: bad ALiBi and Shaw gradients, learned add_to_back
     std::string const m = posenc_test::error_of([&] { enc.check_gradients("posenc::attention_backward", g); });
     CHECK(m == "posenc::attention_backward: grads.value shape is (3, 4), expected (0, 0) (no value embeddings)");
   }
-  SECTION("learned: position past the table, table gradient of the wrong size") {
+  SECTION("learned: position past the table, table gradient of the wrong shape") {
     auto enc = learned<float>::random(4, 2, 1u, 1);
     std::vector<float> dx(6, 1.0f);
     auto g = enc.make_gradients();
@@ -266,10 +271,11 @@ TEST_CASE("attention_backward: bad ALiBi and Shaw gradients, learned add_to_back
     CHECK(m == "posenc::learned::add_to_backward: position of batch 0 token 2 is 3, expected in [-1, 3) (table "
                "length 4, offset 1)");
     CHECK(g.table == before);
-    g.table.resize(5);
+    g.table = gradient_tensor<float>::Zero(1, 8);  // the right count, flat
     m = posenc_test::error_of(
         [&] { enc.add_to_backward(make_bsd(static_cast<float const*>(dx.data()), 1, 3, 2), position_span(0), g); });
-    CHECK(m == "posenc::learned::add_to_backward: grads.table has 5 values, expected 8 (rows 4 x d_model 2)");
+    CHECK(m == "posenc::learned::add_to_backward: grads.table shape is (1, 8), expected (4, 2) (rows, d_model)");
+    CHECK(g.table.isZero());
   }
 }
 
@@ -365,17 +371,18 @@ TEST_CASE("encoder gradients: operator+= of another shape throws before adding a
   SECTION("ALiBi: learnable slopes plus fixed ones") {
     alibi<float> enc(alibi_form::paper, 2);
     auto g = enc.make_gradients(), fixed = enc.make_gradients(false);
-    g.slopes = {1.0f, 2.0f};
+    g.slopes << 1.0f, 2.0f;
     CHECK(posenc_test::error_of([&] { g += fixed; }) ==
-          "posenc::alibi::gradients::operator+=: other.slopes has 0 values, expected 2 (this one's)");
-    CHECK(g.slopes == std::vector<float>{1.0f, 2.0f});
+          "posenc::alibi::gradients::operator+=: other.slopes shape is (0, 0), expected (2, 1) (this one's)");
+    CHECK(g.slopes(0, 0) == 1.0f);
+    CHECK(g.slopes(1, 0) == 2.0f);
   }
   SECTION("learned: a table of another size") {
     auto g = learned<float>::random(4, 2, 1u, 1).make_gradients();
     auto const other = learned<float>::random(5, 2, 1u, 1).make_gradients();
     CHECK(posenc_test::error_of([&] { g += other; }) ==
-          "posenc::learned::gradients::operator+=: other.table has 10 values, expected 8 (this one's)");
-    CHECK(g.table.size() == 8u);
+          "posenc::learned::gradients::operator+=: other.table shape is (5, 2), expected (4, 2) (this one's)");
+    CHECK(g.table.rows() == 4);
   }
   SECTION("T5, clipped, Shaw and Transformer-XL: tables of another shape") {
     auto t5 = t5_bias<float>(t5_bias_params{2}, 1u).make_gradients();

@@ -283,32 +283,11 @@ struct config {
 // ---- encoder gradients: visit every value, whatever the encoder's gradients type ----
 
 template <class G, class F>
-auto each_value(G& g, F&& f) -> decltype(g.table, void()) {
-  for (Eigen::Index i = 0; i < g.table.size(); ++i) f(g.table.data()[i]);
+void each_value(G& g, F&& f) {  // every gradients type visits its tensors (traits.hpp)
+  g.for_each_tensor([&](char const*, auto& t) {
+    for (Eigen::Index i = 0; i < t.size(); ++i) f(t.data()[i]);
+  });
 }
-template <class G, class F>
-auto each_value(G& g, F&& f) -> decltype(g.slopes, void()) {
-  for (auto& x : g.slopes) f(x);
-}
-template <class G, class F>
-auto each_value(G& g, F&& f) -> decltype(g.key, g.value, void()) {
-  for (Eigen::Index i = 0; i < g.key.size(); ++i) f(g.key.data()[i]);
-  for (Eigen::Index i = 0; i < g.value.size(); ++i) f(g.value.data()[i]);
-}
-template <class G, class F>
-auto each_value(G& g, F&& f) -> decltype(g.u, g.v, g.r, void()) {
-  for (Eigen::Index i = 0; i < g.u.size(); ++i) f(g.u.data()[i]);
-  for (Eigen::Index i = 0; i < g.v.size(); ++i) f(g.v.data()[i]);
-  for (Eigen::Index i = 0; i < g.r.size(); ++i) f(g.r.data()[i]);
-}
-template <class G, class F>
-auto each_value(G& g, F&& f) -> decltype(g.parts, void()) {
-  std::apply([&](auto&... p) { (each_value(p, f), ...); }, g.parts);
-}
-template <class F>
-void each_value(posenc::no_gradients&, F&&) {}
-template <class F>
-void each_value(posenc::no_gradients const&, F&&) {}
 
 /// -0.0: the encoder gradients' sentinel. Gradients are added into, and -0 + x is x exactly
 /// (so the values are not disturbed), while an addition, even of +0, changes its bits.

@@ -168,7 +168,7 @@ TEST_CASE("golden backward: T5, clipped, ALiBi and Shaw parameter gradients", "[
                std::vector<T> const slopes = rec<T>("alibi/slopes");
                return alibi<T>(alibi_form::paper, H, span<const T>(slopes.data(), H));
              },
-             [](auto const& g, auto) { return g.slopes; });
+             [](auto const& g, auto) { return flat(g.slopes); });
   check_case({"shaw"}, {"aK", "aV"},
              [](auto t) {
                using T = decltype(t);
@@ -212,7 +212,7 @@ std::vector<T> learned_table_gradient() {
   for (std::size_t i = 0; i < dq.size(); ++i) dq[i] += dk[i] + dv[i];
   auto g = enc.make_gradients();
   enc.add_to_backward(make_bsd(static_cast<T const*>(dq.data()), B, S, dm), pos, g);
-  return g.table;
+  return flat(g.table);  // (rows, d_model), row-major as the table
 }
 }  // namespace
 

@@ -158,26 +158,13 @@ inline void central_differences(fd_report& r, std::string const& name, std::vect
   r.tolerance = 1e-6 * std::max(r.largest, 1e-3);
 }
 
-/// An encoder's parameter gradients as one flat vector of doubles, in member order.
-inline void flatten_gradients(std::vector<double>&, posenc::no_gradients const&) {}
+/// An encoder's parameter gradients as one flat vector of doubles: every tensor
+/// for_each_tensor visits, in its order, each in its memory order.
 template <class G>
-auto flatten_gradients(std::vector<double>& out, G const& g) -> decltype(g.table, void()) {
-  for (std::size_t i = 0; i < static_cast<std::size_t>(g.table.size()); ++i)
-    out.push_back(static_cast<double>(g.table.data()[i]));
-}
-template <class G>
-auto flatten_gradients(std::vector<double>& out, G const& g) -> decltype(g.slopes, void()) {
-  for (auto x : g.slopes) out.push_back(static_cast<double>(x));
-}
-template <class G>
-auto flatten_gradients(std::vector<double>& out, G const& g) -> decltype(g.key, g.value, void()) {
-  for (std::size_t i = 0; i < static_cast<std::size_t>(g.key.size()); ++i) out.push_back(static_cast<double>(g.key.data()[i]));
-  for (std::size_t i = 0; i < static_cast<std::size_t>(g.value.size()); ++i)
-    out.push_back(static_cast<double>(g.value.data()[i]));
-}
-template <class G>
-auto flatten_gradients(std::vector<double>& out, G const& g) -> decltype(g.parts, void()) {
-  std::apply([&](auto const&... p) { (flatten_gradients(out, p), ...); }, g.parts);
+void flatten_gradients(std::vector<double>& out, G const& g) {
+  g.for_each_tensor([&](char const*, auto const& t) {
+    for (Eigen::Index i = 0; i < t.size(); ++i) out.push_back(static_cast<double>(t.data()[i]));
+  });
 }
 
 /// Checks dq, dk, dv of attention with encoder `enc` on problem p (double) by

@@ -228,43 +228,54 @@ class alibi {
 
   // --- backward (hooks documented in posenc/encoding/traits.hpp) -----------
 
-  /// Gradient of the served heads' slopes. `heads()` values (the default:
-  /// make_gradients(), posenc::make_gradients(enc)): d(slope_h) = sum over
-  /// the pairs of head h of d(bias) * distance, where distance is the bias at
-  /// slope 1 of the form (paper k - q, key_only k, shifted k - (L - 1),
-  /// symmetric -|k - q|). Empty only when asked for (make_gradients(false):
-  /// fixed slopes, nothing computed).
+  /// Gradient of the served heads' slopes, a (heads(), 1) gradient_tensor
+  /// (the default: make_gradients(), posenc::make_gradients(enc)), row h that
+  /// of slope(h): d(slope_h) = sum over the pairs of head h of d(bias) *
+  /// distance, where distance is the bias at slope 1 of the form (paper
+  /// k - q, key_only k, shifted k - (L - 1), symmetric -|k - q|). Empty
+  /// (0 x 0) only when asked for (make_gradients(false): fixed slopes,
+  /// nothing computed).
   struct gradients {
-    std::vector<T> slopes;
-    void set_zero() { std::fill(slopes.begin(), slopes.end(), T(0)); }
-    /// Throws unless o has as many slopes (both empty when the slopes are fixed).
+    gradient_tensor<T> slopes;
+    void set_zero() { slopes.setZero(); }
+    /// Throws unless o.slopes has this shape (both (0 x 0) when the slopes are fixed).
     void check_same_shape(char const* where, gradients const& o) const {
       detail::check_same_gradient_shape(where, "slopes", slopes, o.slopes);
     }
-    /// Adds o elementwise (throws first when the counts differ).
+    /// Adds o elementwise (throws first when the shapes differ).
     gradients& operator+=(gradients const& o) {
       check_same_shape("posenc::alibi::gradients::operator+=", o);
-      for (std::size_t h = 0; h < slopes.size(); ++h) slopes[h] += o.slopes[h];
+      slopes += o.slopes;
       return *this;
     }
+    /// f("slopes", slopes) (see encoder_traits).
+    template <class F>
+    void for_each_tensor(F&& f) {
+      f("slopes", slopes);
+    }
+    template <class F>
+    void for_each_tensor(F&& f) const {
+      f("slopes", slopes);
+    }
   };
-  /// heads() zero slope gradients; none when `learn_slopes` is false (fixed
+  /// Zeros of shape (heads(), 1); (0 x 0) when `learn_slopes` is false (fixed
   /// slopes, as in the paper: the backward then skips their sums).
   gradients make_gradients(bool learn_slopes = true) const {
-    return {learn_slopes ? std::vector<T>(static_cast<std::size_t>(heads_), T(0)) : std::vector<T>{}};
+    return {learn_slopes ? gradient_tensor<T>::Zero(heads_, 1) : gradient_tensor<T>()};
   }
-  /// Throws unless g.slopes is empty or has heads() values.
+  /// Throws unless g.slopes is (heads(), 1) or (0 x 0).
   void check_gradients(char const* where, gradients const& g) const {
-    auto const n = static_cast<index_t>(g.slopes.size());
-    detail::require(n == 0 || n == heads_, where, "grads.slopes has ", n, " values, expected 0 (fixed slopes) or ",
-                    heads_, " (heads)");
+    bool const fixed = g.slopes.rows() == 0 && g.slopes.cols() == 0;
+    detail::require(fixed || (g.slopes.rows() == heads_ && g.slopes.cols() == 1), where, "grads.slopes shape is (",
+                    g.slopes.rows(), ", ", g.slopes.cols(), "), expected (0, 0) (fixed slopes) or (", heads_,
+                    ", 1) (heads, 1)");
   }
-  /// Hook: g.slopes[head] += sum_j dbias[j] * distance(q_pos, k_pos_first + j)
+  /// Hook: g.slopes(head, 0) += sum_j dbias[j] * distance(q_pos, k_pos_first + j)
   /// (summed in double in order of j); nothing when g.slopes is empty. Unchecked.
   void bias_row_backward(index_t head, index_t q_pos, index_t k_pos_first, index_t count, T const* dbias,
                          gradients& g) const noexcept {
     POSENC_ASSERT(head >= 0 && head < heads_, "alibi::bias_row_backward: head out of range");
-    if (g.slopes.empty() || count <= 0) return;
+    if (g.slopes.size() == 0 || count <= 0) return;
     double acc = 0;
     for (index_t j = 0; j < count; ++j) {
       index_t const kp = k_pos_first + j;
@@ -277,7 +288,7 @@ class alibi {
       }
       acc += static_cast<double>(dbias[j]) * static_cast<double>(dist);
     }
-    g.slopes[static_cast<std::size_t>(head)] += static_cast<T>(acc);
+    g.slopes(head, 0) += static_cast<T>(acc);
   }
 
  private:

@@ -55,8 +55,9 @@ class clipped_bias {
   /// The type of bias rows, values and gradients: T, or float for a 16-bit table.
   using compute_type = std::conditional_t<is_half_storage_v<T>, float, T>;
   using table_type = relative_table<T>;
-  /// The gradient of the table (compute_type).
-  using gradient_table = relative_table<compute_type>;
+  /// The gradient of the table (compute_type): a gradient_tensor, the type
+  /// of every encoder's gradients (posenc/encoding/traits.hpp).
+  using gradient_table = gradient_tensor<compute_type>;
 
   /// Clip distance `max_distance` (K >= 0) and a learned (2K + 1, heads) table.
   clipped_bias(index_t max_distance, index_t heads, Eigen::Ref<const table_type> const& table)
@@ -197,7 +198,7 @@ class clipped_bias {
   /// Gradient of the table: `table(clipped distance + K, head)`, shaped like
   /// the table the constructor takes, (2K + 1, heads).
   struct gradients {
-    gradient_table table;
+    gradient_tensor<compute_type> table;
     void set_zero() { table.setZero(); }
     /// Throws unless o.table has this table's shape.
     void check_same_shape(char const* where, gradients const& o) const {
@@ -208,6 +209,15 @@ class clipped_bias {
       check_same_shape("posenc::clipped_bias::gradients::operator+=", o);
       table += o.table;
       return *this;
+    }
+    /// f("table", table) (see encoder_traits).
+    template <class F>
+    void for_each_tensor(F&& f) {
+      f("table", table);
+    }
+    template <class F>
+    void for_each_tensor(F&& f) const {
+      f("table", table);
     }
   };
   /// Zeros of shape (2K + 1, heads).

@@ -170,7 +170,10 @@ class compose {
   // --- backward (hooks documented in posenc/encoding/traits.hpp) -----------
 
   /// The parts' gradients, one per part in order (`no_gradients` for a part
-  /// without parameters): `grads.get<I>()` is part I's.
+  /// without parameters): `grads.get<I>()` is part I's. for_each_tensor visits
+  /// part 0's tensors, then part 1's, ..., each with the part's own names
+  /// (f(name, tensor), as the part's own for_each_tensor passes them; a part
+  /// without parameters passes nothing).
   struct gradients {
     std::tuple<encoder_gradients_t<E>...> parts;
     template <std::size_t I>
@@ -193,6 +196,15 @@ class compose {
       check_same_shape("posenc::compose::gradients::operator+=", o);
       add(o, std::index_sequence_for<E...>{});
       return *this;
+    }
+    /// Each part's for_each_tensor(f), in part order (see encoder_traits).
+    template <class F>
+    void for_each_tensor(F&& f) {
+      std::apply([&f](auto&... g) { (g.for_each_tensor(f), ...); }, parts);
+    }
+    template <class F>
+    void for_each_tensor(F&& f) const {
+      std::apply([&f](auto const&... g) { (g.for_each_tensor(f), ...); }, parts);
     }
 
    private:

@@ -254,33 +254,41 @@ class learned {
 
   // --- backward (hooks documented in posenc/encoding/traits.hpp) -----------
 
-  /// Gradient of the table, row-major (rows, d_model) like table(): reserved
-  /// rows included (a row read for padding, as OPT's row 1 at position -1,
-  /// gets its gradient), except the padding row (`with_padding_row`), which
-  /// gets none, as in PyTorch's nn.Embedding(padding_idx).
+  /// Gradient of the table, a (rows, d_model) gradient_tensor, row-major like
+  /// table() (so `table -= lr * grads.table`, elementwise over the buffer of
+  /// view_of, is an optimiser step): reserved rows included (a row read for
+  /// padding, as OPT's row 1 at position -1, gets its gradient), except the
+  /// padding row (`with_padding_row`), which gets none, as in PyTorch's
+  /// nn.Embedding(padding_idx).
   struct gradients {
-    std::vector<compute_type> table;
-    void set_zero() { std::fill(table.begin(), table.end(), compute_type(0)); }
-    /// Throws unless o.table has as many values.
+    gradient_tensor<compute_type> table;
+    void set_zero() { table.setZero(); }
+    /// Throws unless o.table has this table's shape.
     void check_same_shape(char const* where, gradients const& o) const {
       detail::check_same_gradient_shape(where, "table", table, o.table);
     }
-    /// Adds o elementwise (throws first when the sizes differ).
+    /// Adds o elementwise (throws first when the shapes differ).
     gradients& operator+=(gradients const& o) {
       check_same_shape("posenc::learned::gradients::operator+=", o);
-      for (std::size_t i = 0; i < table.size(); ++i) table[i] += o.table[i];
+      table += o.table;
       return *this;
     }
+    /// f("table", table) (see encoder_traits).
+    template <class F>
+    void for_each_tensor(F&& f) {
+      f("table", table);
+    }
+    template <class F>
+    void for_each_tensor(F&& f) const {
+      f("table", table);
+    }
   };
-  /// Zeros of rows() x d_model().
-  gradients make_gradients() const {
-    return {std::vector<compute_type>(static_cast<std::size_t>(rows_ * d_), compute_type(0))};
-  }
-  /// Throws unless g.table has rows() x d_model() values.
+  /// Zeros of shape (rows(), d_model()).
+  gradients make_gradients() const { return {gradient_tensor<compute_type>::Zero(rows_, d_)}; }
+  /// Throws unless g.table is (rows(), d_model()).
   void check_gradients(char const* where, gradients const& g) const {
-    auto const n = static_cast<index_t>(g.table.size());
-    detail::require(n == rows_ * d_, where, "grads.table has ", n, " values, expected ", rows_ * d_, " (rows ", rows_,
-                    " x d_model ", d_, ")");
+    detail::require(g.table.rows() == rows_ && g.table.cols() == d_, where, "grads.table shape is (", g.table.rows(),
+                    ", ", g.table.cols(), "), expected (", rows_, ", ", d_, ") (rows, d_model)");
   }
 
   /// Backward of add_to: g.table[pos(b, s) + offset, :] += dx[b, s, :] for

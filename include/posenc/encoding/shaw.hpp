@@ -65,8 +65,9 @@ class shaw {
   /// The type of q, scores, outputs and gradients: T, or float for 16-bit tables.
   using compute_type = std::conditional_t<is_half_storage_v<T>, float, T>;
   using table_type = relative_table<T>;
-  /// The gradients of the tables (compute_type).
-  using gradient_table = relative_table<compute_type>;
+  /// The gradients of the tables (compute_type): a gradient_tensor, the type
+  /// of every encoder's gradients (posenc/encoding/traits.hpp).
+  using gradient_table = gradient_tensor<compute_type>;
 
   /// Key embeddings only: `key_table` of shape (2K + 1, head_dim), row r for distance r - K.
   shaw(index_t max_distance, Eigen::Ref<const table_type> const& key_table) : k_(max_distance) {
@@ -264,7 +265,7 @@ class shaw {
   /// constructor takes: `key` (2K + 1, head_dim); `value` the same, or empty
   /// (0 x 0) when the encoder has no value embeddings.
   struct gradients {
-    gradient_table key, value;
+    gradient_tensor<compute_type> key, value;
     void set_zero() {
       key.setZero();
       value.setZero();
@@ -280,6 +281,17 @@ class shaw {
       key += o.key;
       value += o.value;
       return *this;
+    }
+    /// f("key", key), then f("value", value), also when value is empty (see encoder_traits).
+    template <class F>
+    void for_each_tensor(F&& f) {
+      f("key", key);
+      f("value", value);
+    }
+    template <class F>
+    void for_each_tensor(F&& f) const {
+      f("key", key);
+      f("value", value);
     }
   };
   /// Zeros of the tables' shapes.

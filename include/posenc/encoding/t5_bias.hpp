@@ -70,8 +70,11 @@ class t5_bias {
   /// The type of bias rows, values and gradients: T, or float for a 16-bit table.
   using compute_type = std::conditional_t<is_half_storage_v<T>, float, T>;
   using table_type = relative_table<T>;
-  /// The gradient of the table (compute_type).
-  using gradient_table = relative_table<compute_type>;
+  /// The gradient of the table (compute_type): a gradient_tensor, the type
+  /// of every encoder's gradients (posenc/encoding/traits.hpp).
+  using gradient_table = gradient_tensor<compute_type>;
+  static_assert(std::is_same_v<gradient_table, relative_table<compute_type>>,
+                "posenc: gradient_tensor and relative_table must be one type");
 
   /// A learned table of shape (num_buckets, heads), as HF's
   /// `relative_attention_bias.weight`.
@@ -227,7 +230,7 @@ class t5_bias {
   /// Gradient of the table: `table(bucket, head)`, shaped like the table the
   /// constructor takes, (num_buckets, heads).
   struct gradients {
-    gradient_table table;
+    gradient_tensor<compute_type> table;
     void set_zero() { table.setZero(); }
     /// Throws unless o.table has this table's shape.
     void check_same_shape(char const* where, gradients const& o) const {
@@ -238,6 +241,15 @@ class t5_bias {
       check_same_shape("posenc::t5_bias::gradients::operator+=", o);
       table += o.table;
       return *this;
+    }
+    /// f("table", table) (see encoder_traits).
+    template <class F>
+    void for_each_tensor(F&& f) {
+      f("table", table);
+    }
+    template <class F>
+    void for_each_tensor(F&& f) const {
+      f("table", table);
     }
   };
   /// Zeros of shape (num_buckets, heads).

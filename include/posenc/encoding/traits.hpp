@@ -7,6 +7,7 @@
 #include <typeinfo>
 #include <utility>
 
+#include "posenc/core/eigen.hpp"
 #include "posenc/core/error.hpp"
 #include "posenc/core/positions.hpp"
 #include "posenc/core/span.hpp"
@@ -124,8 +125,44 @@ namespace posenc {
 /// `void check_same_shape(char const* where, G const& other) const` (throws
 /// posenc::error naming the first tensor whose shape differs); its
 /// operator+= calls it before adding anything.
+///
+/// Every tensor of a G is a `gradient_tensor<C>` (C = the encoder's
+/// compute_type, or T): a row-major Eigen matrix of exactly its parameter's
+/// shape, in the parameter's memory order, so `param -= lr * g.x`, or one
+/// loop over `.data()` of both, is an optimiser step. Every G (no_gradients
+/// included) has `template <class F> void for_each_tensor(F&& f)` and a const
+/// overload, calling `f(char const* name, gradient_tensor<C>& t)` (const& in
+/// the const one) for each of its tensors in a fixed order, the name being
+/// the member's:
+///
+/// | encoder        | tensors visited, in order (shape)                                  |
+/// |----------------|--------------------------------------------------------------------|
+/// | alibi          | "slopes" (heads, 1); (0 x 0) after make_gradients(false)           |
+/// | t5_bias        | "table" (num_buckets, heads)                                       |
+/// | clipped_bias   | "table" (2 max_distance + 1, heads)                                |
+/// | shaw           | "key" (2 max_distance + 1, head_dim), "value" (the same, or        |
+/// |                |   (0 x 0) without value embeddings)                                |
+/// | learned        | "table" (rows, d_model), table()'s layout                          |
+/// | transformer_xl | "u" (heads, head_dim), "v" (heads, head_dim), "r" (heads x (2      |
+/// |                |   distance_limit + 1), head_dim), d(R) as the encoder tabulates it |
+/// |                |   (r_gradient / w_r_gradient give it in r's or W_R's shape)        |
+/// | compose<E...>  | each part's tensors, part 0 first, with the part's own names (two  |
+/// |                |   parts may both pass "table": the visit order tells them apart)   |
+/// | the others     | nothing: none, rope, sinusoidal (no_gradients)                     |
+///
+/// f is called with every tensor, empty ones included (so the sequence of
+/// names does not depend on options); a generic optimiser or a binding pairs
+/// them with the parameters by that order. In a compose whose parts differ in
+/// C, f must take each C (a generic lambda does).
 template <class E>
 struct encoder_traits;
+
+/// One tensor of an encoder's parameter gradients (see encoder_traits): a
+/// row-major matrix of its parameter's shape. The same type as
+/// relative_table<C> (posenc/encoding/bias_kernels.hpp), the tables the
+/// relative encoders take.
+template <class C>
+using gradient_tensor = Eigen::Matrix<C, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
 namespace detail {
 /// The element type as it appears in an encoder_identity: "float", "double",
@@ -152,6 +189,11 @@ char const* element_name() noexcept {
 struct no_gradients {
   void set_zero() noexcept {}
   no_gradients& operator+=(no_gradients const&) noexcept { return *this; }
+  /// Visits nothing (no tensors).
+  template <class F>
+  void for_each_tensor(F&&) noexcept {}
+  template <class F>
+  void for_each_tensor(F&&) const noexcept {}
 };
 
 /// A per-head relative-key table by distance d = p_i - p_j, transposed:

@@ -187,7 +187,7 @@ class transformer_xl {
   /// the shape of from_distances' r; d(W_R) is linear in it: w_r_gradient(g)
   /// gives it in W_R's shape (for an encoder built from W_R).
   struct gradients {
-    table_type u, v, r;
+    gradient_tensor<T> u, v, r;
     void set_zero() {
       u.setZero();
       v.setZero();
@@ -207,15 +207,28 @@ class transformer_xl {
       r += o.r;
       return *this;
     }
+    /// f("u", u), f("v", v), then f("r", r) (see encoder_traits).
+    template <class F>
+    void for_each_tensor(F&& f) {
+      f("u", u);
+      f("v", v);
+      f("r", r);
+    }
+    template <class F>
+    void for_each_tensor(F&& f) const {
+      f("u", u);
+      f("v", v);
+      f("r", r);
+    }
   };
   /// Zeros of the gradients' shapes.
   gradients make_gradients() const {
-    return {table_type::Zero(heads_, head_dim_), table_type::Zero(heads_, head_dim_),
-            table_type::Zero(heads_ * dists(), head_dim_)};
+    using G = gradient_tensor<T>;
+    return {G::Zero(heads_, head_dim_), G::Zero(heads_, head_dim_), G::Zero(heads_ * dists(), head_dim_)};
   }
   /// Throws unless g's tables have the shapes make_gradients() gives.
   void check_gradients(char const* where, gradients const& g) const {
-    auto one = [&](char const* name, table_type const& t, index_t rows, char const* what) {
+    auto one = [&](char const* name, gradient_tensor<T> const& t, index_t rows, char const* what) {
       detail::require(t.rows() == rows && t.cols() == head_dim_, where, "grads.", name, " shape is (", t.rows(), ", ",
                       t.cols(), "), expected (", rows, ", ", head_dim_, ") ", what);
     };
