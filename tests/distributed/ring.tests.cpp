@@ -13,6 +13,7 @@
 #include "support/random.hpp"
 #include "support/ring_problem.hpp"
 #include "support/tolerance.hpp"
+#include "support/transformer_xl.hpp"
 
 using posenc::index_t;
 namespace dist = posenc::distributed;
@@ -102,6 +103,11 @@ TEST_CASE("ring == single-process attention for every encoder, causal and full, 
       std::string const c = std::string(layout == dist::shard_layout::zigzag ? "zigzag" : "contiguous uneven") +
                             (opt.causal ? " causal " : " full ");
       for_each_encoder(p, [&](auto const& enc, char const* name) { check_ring(p, enc, opt, c + name, seed++); });
+      // Transformer-XL (forward only: the ring's fused backward has no content bias), without a
+      // segment memory: every block places its queries by position, whatever their count.
+      check_ring(p, posenc_test::random_transformer_xl<float>(p.Hq, p.D, 8, 4096, seed, 0), opt, c + "transformer_xl",
+                 seed + 1);
+      seed += 2;
     }
   }
 }
@@ -272,6 +278,14 @@ TEST_CASE("ranks that disagree throw a clear posenc::error on every rank, out un
     index_t const s = me == 0 ? S + 2 : S;
     REQUIRE_THROWS_WITH(run(base, s, rope), posenc_test::contains("posenc::ring_attention: q.seq of rank 0 is " +
                                                                   std::to_string(S + 2) + ", expected "));
+    CHECK(untouched());
+  }
+  // Transformer-XL with a segment memory to cut: the ring's sequence has none (its queries are
+  // its keys), so memory_length() must be 0, on every rank alike.
+  {
+    auto const xl = posenc_test::random_transformer_xl<float>(H, D, 8, 64, 11, 2);
+    REQUIRE_THROWS_WITH(run(base, S, xl), posenc_test::contains("posenc::ring_attention: the encoder's memory_length() "
+                                                                "is 2, expected 0"));
     CHECK(untouched());
   }
   // Masks and explicit positions are refused on every rank alike.

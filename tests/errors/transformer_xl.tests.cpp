@@ -201,10 +201,102 @@ void check_memory_cut_call_forms() {
 
 }  // namespace
 
-TEMPLATE_TEST_CASE("transformer_xl: a memory cut to memory_length() is checked as cut, on every call form",
+namespace {
+
+// key_lengths give each batch entry its own memory: entry b holds kLens[b] keys, its Sq = 4
+// queries the last 4 of them, and a memory longer than M = 6 is cut to its last 6 (cuts 30,
+// 15, 2 and none). Each entry must equal the batch-1 call over its own keys alone.
+index_t const kB = 4, kSq = 4, kSk = 40, kH = 2, kHkv = 1, kD = 4, kM = 6;
+std::vector<index_t> const kLens = {40, 25, 12, 8};
+
+// Entry b's rows [first, first + n) of a (kB, seq, heads, kD) buffer, as a batch-1 view.
+fview entry_rows(std::vector<float> const& x, index_t b, index_t seq, index_t first, index_t n, index_t heads) {
+  return posenc::make_bshd<const float>(x.data() + (b * seq + first) * heads * kD, 1, n, heads, kD);
+}
+
+struct entry_results {
+  std::vector<float> out, lse;  // (kB, kSq, kH, kD) and (kB, kH, kSq)
+};
+
+template <class Path>
+void check_memory_cut_per_entry() {
+  posenc_test::txl_buffers<float> const bf(kB, kSq, kSk, kH, kHkv, kD, 91);
+  auto const enc = posenc_test::random_transformer_xl<float>(kH, kD, 6, kSq + kM, 92, kM);
+  for (bool causal : {true, false})
+    for (int threads : {1, 2}) {
+      INFO((causal ? "causal" : "bidirectional") << ", threads " << threads);
+      posenc::attention_options<float> opt;
+      opt.causal = causal;
+      opt.threads = threads;
+      // What each entry must give: the call over its own kLens[b] keys.
+      std::vector<std::vector<float>> want;
+      for (index_t b = 0; b < kB; ++b)
+        want.push_back(direct<Path>(entry_rows(bf.q, b, kSq, 0, kSq, kH), entry_rows(bf.k, b, kSk, 0, kLens[b], kHkv),
+                                    entry_rows(bf.v, b, kSk, 0, kLens[b], kHkv), enc, opt));
+      auto check = [&](entry_results const& got, char const* form) {
+        INFO(form);
+        for (index_t b = 0; b < kB; ++b) {
+          INFO("entry " << b);
+          std::vector<float> e(got.out.begin() + b * kSq * kH * kD, got.out.begin() + (b + 1) * kSq * kH * kD);
+          e.insert(e.end(), got.lse.begin() + b * kH * kSq, got.lse.begin() + (b + 1) * kH * kSq);
+          CHECK(posenc_test::max_abs_diff(want[static_cast<std::size_t>(b)], e) <= 1e-6);
+        }
+      };
+      auto fresh = [] {
+        return entry_results{std::vector<float>(static_cast<std::size_t>(kB * kSq * kH * kD), -7.0f),
+                             std::vector<float>(static_cast<std::size_t>(kB * kH * kSq), -7.0f)};
+      };
+
+      // Contiguous, with key_lengths.
+      entry_results r = fresh();
+      posenc::attention_options<float> o = opt;
+      o.key_lengths = kLens;
+      o.lse = r.lse;
+      posenc::attention<Path>(bf.qv(), bf.kv(), bf.vv(), posenc::make_bshd(r.out.data(), kB, kSq, kH, kD), enc, o);
+      check(r, "contiguous");
+
+      // Packed: the same entries back to back, with the same key_lengths.
+      std::vector<index_t> cu_q, cu_k;
+      for (index_t b = 0; b <= kB; ++b) cu_q.push_back(b * kSq), cu_k.push_back(b * kSk);
+      entry_results p = fresh();
+      std::vector<float> plse(p.lse.size());
+      o.lse = plse;
+      posenc::attention<Path>(posenc::make_bshd<const float>(bf.q.data(), 1, kB * kSq, kH, kD),
+                              posenc::make_bshd<const float>(bf.k.data(), 1, kB * kSk, kHkv, kD),
+                              posenc::make_bshd<const float>(bf.v.data(), 1, kB * kSk, kHkv, kD),
+                              posenc::make_bshd(p.out.data(), 1, kB * kSq, kH, kD),
+                              posenc::packed_sequences{cu_q, cu_k}, enc, o);
+      for (index_t b = 0; b < kB; ++b)  // packed lse is (kH, kB kSq)
+        for (index_t h = 0; h < kH; ++h)
+          for (index_t i = 0; i < kSq; ++i)
+            p.lse[static_cast<std::size_t>((b * kH + h) * kSq + i)] =
+                plse[static_cast<std::size_t>(h * kB * kSq + b * kSq + i)];
+      check(p, "packed");
+
+      // Paged: entry b's kLens[b] keys in pages of 8 tokens.
+      posenc::paged_kv_cache<float> pages(32, 8, kHkv, kD);
+      std::vector<index_t> ids;
+      for (index_t b = 0; b < kB; ++b) {
+        ids.push_back(pages.add_sequence());
+        index_t const L = kLens[static_cast<std::size_t>(b)];
+        pages.append(ids.back(), entry_rows(bf.k, b, kSk, 0, L, kHkv), entry_rows(bf.v, b, kSk, 0, L, kHkv), enc);
+      }
+      entry_results g = fresh();
+      posenc::attention_options<float> po = opt;
+      po.lse = g.lse;
+      posenc::attention<Path>(bf.qv(), pages, ids, posenc::make_bshd(g.out.data(), kB, kSq, kH, kD), enc, po);
+      check(g, "paged");
+    }
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("transformer_xl: a memory cut to memory_length() is checked as cut, on every call form, and "
+                   "with key_lengths each batch entry cuts its own memory",
                    "[errors][transformer_xl]", posenc::path::reference, posenc::path::materialized,
                    posenc::path::fused) {
-  check_memory_cut_call_forms<TestType>();
+  SECTION("one entry") { check_memory_cut_call_forms<TestType>(); }
+  SECTION("entries of different key lengths") { check_memory_cut_per_entry<TestType>(); }
 }
 
 TEST_CASE("transformer_xl: the backward of a memory cut to memory_length() is checked as cut",
@@ -329,5 +421,98 @@ TEST_CASE("transformer_xl: a memory cut with masks and views that hold no elemen
                                                       posenc::make_bshd(dv.data(), 1, Sk, H, D), enc, opt, g);
   for (float x : dk) CHECK(x == 0.0f);  // no query: no gradient reaches any key
   for (float x : dv) CHECK(x == 0.0f);
+}
+
+
+TEST_CASE("transformer_xl: explicit query positions before the cut keys are kept, not moved below 0",
+          "[errors][transformer_xl]") {
+  // One entry, Sq = 4 queries at given positions 0 .. 3 (no key positions) over Sk = 40 keys, M = 6:
+  // the call keeps keys 30 .. 39 at their indices, and the queries at 0 .. 3 (bidirectional).
+  posenc_test::txl_buffers<float> const bf(1, cSq, cSk, cH, cHkv, cD, 95);
+  auto const enc = posenc_test::random_transformer_xl<float>(cH, cD, 6, 64, 96, cM);
+  std::vector<index_t> const q_ids = {0, 1, 2, 3};
+  std::vector<index_t> k_ids;
+  for (index_t j = cCut; j < cSk; ++j) k_ids.push_back(j);
+  posenc::attention_options<float> opt;
+  opt.q_positions = posenc::position_span::ids(q_ids.data(), 1, cSq);
+  posenc::attention_options<float> kept = opt;
+  kept.k_positions = posenc::position_span::ids(k_ids.data(), 1, cKept);
+  auto const want = direct<posenc::path::reference>(bf.qv(), rows_of(bf.k, cCut, cKept, cHkv),
+                                                    rows_of(bf.v, cCut, cKept, cHkv), enc, kept);
+  CHECK(posenc_test::max_abs_diff(want, direct<posenc::path::reference>(bf.qv(), bf.kv(), bf.vv(), enc, opt)) <= 1e-6);
+  CHECK(posenc_test::max_abs_diff(want, direct<posenc::path::fused>(bf.qv(), bf.kv(), bf.vv(), enc, opt)) <= 1e-6);
+}
+
+TEST_CASE("transformer_xl: the backward with key_lengths cuts each entry's own memory; a bad lse writes nothing",
+          "[errors][transformer_xl]") {
+  posenc_test::txl_buffers<float> const bf(kB, kSq, kSk, kH, kHkv, kD, 97);
+  auto const enc = posenc_test::random_transformer_xl<float>(kH, kD, 6, kSq + kM, 98, kM);
+  auto const dout = posenc_test::random_vector<float>(static_cast<std::size_t>(kB * kSq * kH * kD), 99);
+  posenc::attention_options<float> opt;
+  opt.causal = true;
+  struct result {
+    std::vector<float> dq, dk, dv;
+    posenc::transformer_xl<float>::gradients g;
+  };
+  // Entry b alone, over its own kLens[b] keys.
+  result want{{}, {}, {}, enc.make_gradients()};
+  for (index_t b = 0; b < kB; ++b) {
+    index_t const L = kLens[static_cast<std::size_t>(b)];
+    fview const q = entry_rows(bf.q, b, kSq, 0, kSq, kH), k = entry_rows(bf.k, b, kSk, 0, L, kHkv),
+                v = entry_rows(bf.v, b, kSk, 0, L, kHkv), d = entry_rows(dout, b, kSq, 0, kSq, kH);
+    std::vector<float> out(static_cast<std::size_t>(kSq * kH * kD)), dq(out.size()),
+        dk(static_cast<std::size_t>(kSk * kHkv * kD), 0.0f), dv(dk.size(), 0.0f);  // keys past L: zero
+    posenc::attention<posenc::path::reference>(q, k, v, posenc::make_bshd(out.data(), 1, kSq, kH, kD), enc, opt);
+    posenc::attention_backward<posenc::path::reference>(
+        q, k, v, posenc::make_bshd<const float>(out.data(), 1, kSq, kH, kD), d,
+        posenc::make_bshd(dq.data(), 1, kSq, kH, kD), posenc::make_bshd(dk.data(), 1, L, kHkv, kD),
+        posenc::make_bshd(dv.data(), 1, L, kHkv, kD), enc, opt, want.g);
+    want.dq.insert(want.dq.end(), dq.begin(), dq.end());
+    want.dk.insert(want.dk.end(), dk.begin(), dk.end());
+    want.dv.insert(want.dv.end(), dv.begin(), dv.end());
+  }
+  posenc::attention_options<float> o = opt;
+  o.key_lengths = kLens;
+  std::vector<float> out(static_cast<std::size_t>(kB * kSq * kH * kD)), lse(static_cast<std::size_t>(kB * kH * kSq));
+  o.lse = lse;
+  posenc::attention<posenc::path::reference>(bf.qv(), bf.kv(), bf.vv(), posenc::make_bshd(out.data(), kB, kSq, kH, kD),
+                                             enc, o);
+  auto backward = [&](posenc::attention_options<float> const& bo, result& r) {
+    posenc::attention_backward<posenc::path::best>(
+        bf.qv(), bf.kv(), bf.vv(), posenc::make_bshd<const float>(out.data(), kB, kSq, kH, kD),
+        posenc::make_bshd<const float>(dout.data(), kB, kSq, kH, kD), posenc::make_bshd(r.dq.data(), kB, kSq, kH, kD),
+        posenc::make_bshd(r.dk.data(), kB, kSk, kHkv, kD), posenc::make_bshd(r.dv.data(), kB, kSk, kHkv, kD), enc, bo,
+        r.g);
+  };
+  auto fresh = [&] {
+    return result{std::vector<float>(bf.q.size(), 5.0f), std::vector<float>(bf.k.size(), 5.0f),
+                  std::vector<float>(bf.v.size(), 5.0f), enc.make_gradients()};
+  };
+  for (bool with_lse : {true, false}) {
+    INFO((with_lse ? "lse given" : "lse recomputed"));
+    posenc::attention_options<float> bo = o;
+    if (!with_lse) bo.lse = nullptr;
+    result got = fresh();
+    backward(bo, got);
+    CHECK(posenc_test::max_abs_diff(want.dq, got.dq) <= 1e-6);
+    CHECK(posenc_test::max_abs_diff(want.dk, got.dk) <= 1e-6);
+    CHECK(posenc_test::max_abs_diff(want.dv, got.dv) <= 1e-6);
+    CHECK((want.g.u - got.g.u).cwiseAbs().maxCoeff() <= 1e-5f);
+    CHECK((want.g.v - got.g.v).cwiseAbs().maxCoeff() <= 1e-5f);
+    CHECK((want.g.r - got.g.r).cwiseAbs().maxCoeff() <= 1e-5f);
+  }
+  // The last entry's lse shifted by 1 (another forward pass's): the error comes after the first
+  // entries ran, and still nothing is written.
+  std::vector<float> bad = lse;
+  for (index_t n = (kB - 1) * kH * kSq; n < kB * kH * kSq; ++n) bad[static_cast<std::size_t>(n)] += 1.0f;
+  posenc::attention_options<float> bo = o;
+  bo.lse = bad;
+  result got = fresh();
+  REQUIRE_THROWS_WITH(backward(bo, got), contains("lse does not match the scores of batch entry 3, head 0, row 0"));
+  for (float x : got.dq) REQUIRE(x == 5.0f);
+  for (float x : got.dk) REQUIRE(x == 5.0f);
+  for (float x : got.dv) REQUIRE(x == 5.0f);
+  CHECK(got.g.u.cwiseAbs().maxCoeff() == 0.0f);
+  CHECK(got.g.r.cwiseAbs().maxCoeff() == 0.0f);
 }
 }  // namespace errors_transformer_xl_tests

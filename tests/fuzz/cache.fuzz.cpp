@@ -1,11 +1,13 @@
 // SPDX-License-Identifier: MIT
 // Fuzzes the paged KV cache (operations against a shadow model, attention against contiguous calls)
-// and packed calls (each sequence against a contiguous call on its rows alone).
+// and packed calls (each sequence against a contiguous call on its rows alone). Compiled twice: here
+// the entry points and the float runs, in cache_sixteen.cpp the runs over 16-bit storage.
 #include <posenc/attention/attention.hpp>
 #include <posenc/attention/packed.hpp>
 #include <posenc/attention/paged_attention.hpp>
 #include <posenc/attention/paged_kv_cache.hpp>
 #include <posenc/core/error.hpp>
+#include <posenc/core/half.hpp>
 #include <posenc/encoding/alibi.hpp>
 #include <posenc/encoding/compose.hpp>
 #include <posenc/encoding/none.hpp>
@@ -18,6 +20,7 @@
 #include <cstdarg>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -44,6 +47,37 @@ constexpr float sentinel = 1234.5f;
 
 std::string g_config, g_log;
 
+// Extended inputs: those whose first byte is 0x40 .. 0xbf (no input of the checked-in corpus has
+// one there). They draw what the others never do: 16-bit pages and packed k and v, non-finite
+// keys, threads 1 to 3 with a second run of each call, and key_lengths with Transformer-XL in
+// packed calls. The other inputs decode as they did before these draws existed.
+bool g_extended = false;
+
+/// How often the checks of extended inputs ran, printed at exit when POSENC_FUZZ_STATS is set
+/// (once per unit: the float runs, and the 16-bit runs of cache_sixteen.cpp).
+struct stats_t {
+  long inputs = 0, extended = 0, attend_checked = 0, attend_threads[4] = {}, attend_bad_keys = 0, packed_checked = 0,
+       packed_threads[4] = {}, packed_bad_keys = 0, packed_xl_lengths = 0, packed_xl_cut_lengths = 0,
+       packed_rotated16 = 0, appends16 = 0, appends16_views = 0, nonfinite_key_rows = 0;
+  ~stats_t() {
+    if (!std::getenv("POSENC_FUZZ_STATS")) return;
+#ifdef POSENC_FUZZ_CACHE_SIXTEEN_UNIT
+    char const* unit = "16-bit runs";
+#else
+    char const* unit = "float runs";
+#endif
+    std::fprintf(stderr,
+                 "%s: inputs %ld extended %ld; attention steps checked %ld (threads 1/2/3: %ld %ld %ld), over "
+                 "non-finite keys %ld; packed calls checked %ld (threads 1/2/3: %ld %ld %ld), non-finite keys %ld, "
+                 "Transformer-XL with key_lengths %ld (memory cut %ld), 16-bit keys rotated by the call %ld; "
+                 "16-bit appends %ld (16-bit views %ld); rows of the non-finite rule from a key %ld\n",
+                 unit, inputs, extended, attend_checked, attend_threads[1], attend_threads[2], attend_threads[3],
+                 attend_bad_keys, packed_checked, packed_threads[1], packed_threads[2], packed_threads[3],
+                 packed_bad_keys, packed_xl_lengths, packed_xl_cut_lengths, packed_rotated16, appends16,
+                 appends16_views, nonfinite_key_rows);
+  }
+} stats;
+
 void logf(std::string& to, char const* fmt, ...) {
   char buf[512];
   va_list ap;
@@ -59,6 +93,14 @@ void logf(std::string& to, char const* fmt, ...) {
 }
 
 bool same_bits(float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0 || (std::isnan(a) && std::isnan(b)); }
+
+/// After `call` threw posenc::error: fails unless out and lse still hold the sentinel everywhere.
+void require_untouched(std::vector<float> const& out, std::vector<float> const& lse, char const* call) {
+  for (auto const* buf : {&out, &lse})
+    for (float x : *buf)
+      if (!same_bits(x, sentinel))
+        fail((std::string(call) + " threw posenc::error after writing " + (buf == &out ? "out" : "lse")).c_str());
+}
 
 /// Seeded values in [-amp, amp).
 struct values {
@@ -126,7 +168,8 @@ struct problem {
     p.base = base;
     p.q_explicit = q_explicit;
     p.q_ids = q_ids;
-    if (!q_explicit) p.q_off = q_off ? *q_off : Sk - Sq;  // default: bottom-right against the uncut keys
+    // The default: bottom-right against the uncut keys (against the key length when there is one).
+    if (!q_explicit) p.q_off = q_off ? *q_off : (key_length >= 0 ? key_length : Sk) - Sq;
     p.k_off = (k_off ? *k_off : 0) + cut;
     if (key_length >= 0) p.key_length = std::max<index_t>(0, key_length - cut);
     p.has_fmask = has_fmask;
@@ -169,10 +212,7 @@ bool run_contiguous(problem const& p, E const& enc, std::vector<float>& out, std
                             posenc::make_bshd(vd, 1, p.Sk, p.Hkv, p.Dv),
                             posenc::make_bshd(out.data(), 1, p.Sq, p.Hq, p.Dv), enc, o);
   } catch (posenc::error const&) {
-    for (float x : out)
-      if (!same_bits(x, sentinel)) fail("contiguous call threw posenc::error after writing out");
-    for (float x : lse)
-      if (!same_bits(x, sentinel)) fail("contiguous call threw posenc::error after writing lse");
+    require_untouched(out, lse, "contiguous call");
     return false;
   }
   return true;
@@ -191,7 +231,7 @@ struct expected {
   double out_floor = 0, lse_floor = 0;
 };
 
-/// The memory cut of the contiguous call: keys it skips before the queries' memory.
+/// The memory cut of a call of sq queries over sk keys (an entry's key length): the memory keys before its last M.
 template <class E>
 index_t memory_cut_of(E const& enc, index_t sq, index_t sk) {
   if constexpr (posenc::detail::has_memory_length<E>::value) {
@@ -220,7 +260,7 @@ expected oracle(problem const& p, E const& enc) {
   bool const plain_ok = run_contiguous<posenc_test::plain_path>(p, enc, x.plain_out, x.plain_lse);
   if (x.ok != plain_ok) fail("the reference and the plain float path disagree on whether the arguments are valid");
   if (!x.ok) return x;
-  index_t const cut = memory_cut_of(enc, p.Sq, p.Sk);
+  index_t const cut = memory_cut_of(enc, p.Sq, p.key_length >= 0 ? p.key_length : p.Sk);  // the entry's own memory
   problem const* cp = &p;
   problem cut_copy;
   if (cut > 0) {
@@ -308,6 +348,7 @@ expected oracle(problem const& p, E const& enc) {
               : row_rule::finite;
         }
         x.lse_rule[static_cast<std::size_t>(h * s.Sq + i)] = bad_qk ? row_rule::non_finite : row_rule::finite;
+        stats.nonfinite_key_rows += bad_qk && row_finite(s.q, static_cast<std::size_t>((i * s.Hq + h) * s.D), s.D) ? 1 : 0;
       }
   }
   return x;
@@ -369,6 +410,46 @@ void check_against(expected const& x, problem const& p, float const* out, float 
 bool identical(float const* a, float const* b, std::size_t n) {
   for (std::size_t i = 0; i < n; ++i)
     if (!same_bits(a[i], b[i])) return false;
+  return true;
+}
+
+// ---------------------------------------------------------------------------
+// Storage: float, or 16-bit pages and packed k and v (extended inputs).
+
+template <class S>
+constexpr bool sixteen_v = posenc::is_half_storage_v<S>;
+
+template <class S>
+char const* storage_name() {
+  return std::is_same_v<S, Eigen::half> ? "Eigen::half" : std::is_same_v<S, Eigen::bfloat16> ? "Eigen::bfloat16" : "float";
+}
+
+/// x as S stores it, widened back: rounded once to nearest even for a 16-bit S, x itself for float.
+template <class S>
+float stored_as(float x) {
+  return posenc::detail::stored_value<float>(posenc::detail::to_storage<S>(x));
+}
+
+template <class S>
+void round_to_storage(std::vector<float>& x) {
+  if constexpr (sixteen_v<S>)
+    for (auto& e : x) e = stored_as<S>(e);
+  else
+    (void)x;
+}
+
+template <class S>
+std::vector<S> to_storage_copy(std::vector<float> const& x) {
+  std::vector<S> r(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) r[i] = posenc::detail::to_storage<S>(x[i]);
+  return r;
+}
+
+/// True when n stored elements, widened, have the bits of `want` (NaN with NaN).
+template <class S>
+bool same_stored(S const* got, float const* want, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i)
+    if (!same_bits(posenc::detail::stored_value<float>(got[i]), want[i])) return false;
   return true;
 }
 
@@ -489,7 +570,9 @@ void set_extra(problem& p, E const&) {
 /// One open sequence as the model sees it.
 struct shadow_seq {
   index_t first = 0, len = 0;
-  std::vector<float> k, kr, v;  // (len, Hkv, D) unrotated keys, keys as stored (rotated at append), values
+  // (len, Hkv, D) unrotated keys, keys as stored (rotated at append) and values as stored; a
+  // 16-bit cache's stored keys and values are held widened (each rounded once to 16 bits).
+  std::vector<float> k, kr, v;
   std::vector<int> pages;       // abstract page objects, in token order
 };
 
@@ -518,7 +601,8 @@ struct paged_session {
 /// Checks every observable of the cache against the model: lengths, positions, free pages,
 /// the page tables' structure (which sequences share which page, reference counts) and
 /// every stored key and value row.
-void check_state(posenc::paged_kv_cache<float> const& cache, paged_session const& m, char const* after) {
+template <class S>
+void check_state(posenc::paged_kv_cache<S> const& cache, paged_session const& m, char const* after) {
   auto bad = [&](char const* what) {
     std::fprintf(stderr, "after %s: %s\n", after, what);
     fail("the cache differs from the model");
@@ -546,9 +630,9 @@ void check_state(posenc::paged_kv_cache<float> const& cache, paged_session const
       index_t const pg = table[t / m.P];
       auto const kv = cache.page_keys(pg, 1), vv = cache.page_values(pg, 1);
       for (index_t h = 0; h < H; ++h) {
-        if (!identical(kv.ptr(0, t % m.P, h), s.kr.data() + (t * H + h) * D, static_cast<std::size_t>(D)))
+        if (!same_stored(kv.ptr(0, t % m.P, h), s.kr.data() + (t * H + h) * D, static_cast<std::size_t>(D)))
           bad("stored keys");
-        if (!identical(vv.ptr(0, t % m.P, h), s.v.data() + (t * H + h) * Dv, static_cast<std::size_t>(Dv)))
+        if (!same_stored(vv.ptr(0, t % m.P, h), s.v.data() + (t * H + h) * Dv, static_cast<std::size_t>(Dv)))
           bad("stored values");
       }
     }
@@ -604,8 +688,20 @@ index_t live_id(fuzz_input& in, paged_session const& m) {
   return it->first;
 }
 
-/// New rows for an append: keys finite, values sometimes with a NaN or infinity.
-void draw_rows(fuzz_input& in, index_t rows, dims const& d, std::vector<float>& k, std::vector<float>& v) {
+/// Puts `bad` into x, rows of `dim` values: a whole row, or one element (the input chooses).
+void spoil(fuzz_input& in, std::vector<float>& x, index_t rows, index_t dim, float bad) {
+  if (in.coin()) {
+    std::size_t const r = in.below(static_cast<std::uint32_t>(rows));
+    for (index_t e = 0; e < dim; ++e) x[r * static_cast<std::size_t>(dim) + static_cast<std::size_t>(e)] = bad;
+  } else {
+    x[in.below(static_cast<std::uint32_t>(x.size()))] = bad;
+  }
+}
+
+/// New rows for an append: values sometimes with a NaN or infinity; keys finite, or, in a session
+/// that draws them (extended inputs), sometimes with a NaN or infinity too.
+void draw_rows(fuzz_input& in, index_t rows, dims const& d, std::vector<float>& k, std::vector<float>& v,
+               bool bad_keys) {
   values gen(in.word());
   double const amp = in.below(6) == 0 ? 6.0 : 1.0;
   k.resize(static_cast<std::size_t>(rows * d.Hkv * d.D));
@@ -615,19 +711,19 @@ void draw_rows(fuzz_input& in, index_t rows, dims const& d, std::vector<float>& 
   if (!v.empty() && in.below(6) == 0) {
     float const kinds[] = {std::nanf(""), std::nanf(""), inf, -inf};
     float const bad = kinds[in.below(4)];
-    if (in.coin()) {  // a whole (token, head) row
-      std::size_t const r = in.below(static_cast<std::uint32_t>(rows * d.Hkv));
-      for (index_t x = 0; x < d.Dv; ++x) v[r * static_cast<std::size_t>(d.Dv) + static_cast<std::size_t>(x)] = bad;
-    } else {
-      v[in.below(static_cast<std::uint32_t>(v.size()))] = bad;
-    }
+    spoil(in, v, rows * d.Hkv, d.Dv, bad);
+  }
+  if (bad_keys && !k.empty() && in.below(3) == 0) {
+    float const kinds[] = {std::nanf(""), inf, -inf};
+    float const bad = kinds[in.below(3)];
+    spoil(in, k, rows * d.Hkv, d.D, bad);
   }
 }
 
 /// One attention step over the cache: paged reference and fused against contiguous copies.
-template <class E>
-void attend(fuzz_input& in, posenc::paged_kv_cache<float> const& cache, paged_session const& m, E const& enc,
-            posenc::paged_attention_workspace<float>& ws) {
+template <class Store, class E>
+void attend(fuzz_input& in, posenc::paged_kv_cache<Store> const& cache, paged_session const& m, E const& enc,
+            posenc::paged_attention_workspace<Store>& ws) {
   constexpr bool rotates = posenc::encoder_traits<E>::rotates_queries_keys;
   dims const& d = m.d;
   index_t const n = m.live.empty() ? 0 : in.range(1, 4), Sq = in.range(1, 4);
@@ -676,10 +772,11 @@ void attend(fuzz_input& in, posenc::paged_kv_cache<float> const& cache, paged_se
     opt.bool_mask = posenc::make_mask<bool>(bmask.get(), mb, mh, mq, mk);
   }
   bool const want_lse = in.coin();
+  if (g_extended) opt.threads = static_cast<int>(in.range(1, 3));
   logf(g_log, "  attend: entries [");
   for (index_t id : ids) logf(g_log, " %ld", static_cast<long>(id));
-  logf(g_log, " ] Sq %ld causal %d window %ld softcap %g scale %g explicit q %d masks %d (%ld %ld %ld %ld) lse %d q finite %d\n",
-       static_cast<long>(Sq), opt.causal ? 1 : 0, static_cast<long>(opt.sliding_window), opt.softcap,
+  logf(g_log, " ] Sq %ld threads %d causal %d window %ld softcap %g scale %g explicit q %d masks %d (%ld %ld %ld %ld) lse %d q finite %d\n",
+       static_cast<long>(Sq), opt.threads, opt.causal ? 1 : 0, static_cast<long>(opt.sliding_window), opt.softcap,
        opt.scale ? *opt.scale : -0.0, explicit_q ? 1 : 0, masks, static_cast<long>(mb), static_cast<long>(mh),
        static_cast<long>(mq), static_cast<long>(mk), want_lse ? 1 : 0,
        std::all_of(q.begin(), q.end(), [](float x) { return std::isfinite(x); }) ? 1 : 0);
@@ -702,10 +799,7 @@ void attend(fuzz_input& in, posenc::paged_kv_cache<float> const& cache, paged_se
                               enc, o, ws);
     } catch (posenc::error const& e) {
       logf(g_log, "    paged call threw: %s\n", e.what());
-      for (float x : out)
-        if (!same_bits(x, sentinel)) fail("the paged call threw posenc::error after writing out");
-      for (float x : lse)
-        if (!same_bits(x, sentinel)) fail("the paged call threw posenc::error after writing lse");
+      require_untouched(out, lse, "the paged call");
       return false;
     }
     return true;
@@ -713,6 +807,19 @@ void attend(fuzz_input& in, posenc::paged_kv_cache<float> const& cache, paged_se
   bool const r_ok = paged(posenc::path::reference{}, out_ref, lse_ref);
   bool const f_ok = paged(posenc::path::fused{}, out_fus, lse_fus);
   if (r_ok != f_ok) fail("paged reference and fused disagree on whether the arguments are valid");
+  if (g_extended && r_ok) {
+    // The same call again (the same threads, the workspace reused, also on one thread): the same bits.
+    auto again = [&](auto path, std::vector<float> const& out, std::vector<float> const& lse, char const* name) {
+      std::vector<float> out2(out_n, sentinel), lse2(lse_n, sentinel);
+      if (!paged(path, out2, lse2)) fail("a second run of an accepted paged call throws");
+      if (!identical(out2.data(), out.data(), out_n) || (want_lse && !identical(lse2.data(), lse.data(), lse_n))) {
+        std::fprintf(stderr, "%s, %d threads: the second run differs\n", name, opt.threads);
+        fail("a second run of the same paged call differs bit for bit");
+      }
+    };
+    again(posenc::path::reference{}, out_ref, lse_ref, "paged reference");
+    again(posenc::path::fused{}, out_fus, lse_fus, "paged fused");
+  }
 
   // Each entry as a contiguous call on its sequence.
   bool all_ok = true;
@@ -723,8 +830,8 @@ void attend(fuzz_input& in, posenc::paged_kv_cache<float> const& cache, paged_se
     problem p;
     p.Sq = Sq, p.Sk = L, p.Hq = d.Hq, p.Hkv = d.Hkv, p.D = d.D, p.Dv = d.Dv;
     p.q.assign(q.begin() + b * Sq * d.Hq * d.D, q.begin() + (b + 1) * Sq * d.Hq * d.D);
-    bool const use_rotated = rotates && m.contiguous_rotated;
-    p.k = use_rotated ? s.kr : s.k;
+    bool const use_rotated = rotates && m.contiguous_rotated;  // always, over 16-bit pages
+    p.k = use_rotated || sixteen_v<Store> ? s.kr : s.k;  // 16-bit: the stored keys, widened
     p.v = s.v;
     p.base = opt;
     p.base.q_positions.reset();
@@ -775,6 +882,13 @@ void attend(fuzz_input& in, posenc::paged_kv_cache<float> const& cache, paged_se
     check_against(x, p, out_fus.data() + o0, lse_fus.data() + l0, want_lse, "paged fused", where);
   }
   if (!r_ok && all_ok) fail("the paged call throws though every entry's contiguous call accepts");
+  if (r_ok && g_extended) {
+    ++stats.attend_checked, ++stats.attend_threads[opt.threads];
+    bool bad = false;
+    for (index_t id : ids)
+      for (float x : m.live.at(id).kr) bad = bad || !std::isfinite(x);
+    stats.attend_bad_keys += bad ? 1 : 0;
+  }
 }
 
 /// The rotated copy of new keys (n_ids entries of S tokens) as the cache stores them; false when the encoder rejects them.
@@ -793,20 +907,26 @@ bool rotate_new_keys(E const& enc, std::vector<float>& k, index_t S, dims const&
 }
 
 /// A paged session: a cache and 1..24 operations against the model, attention now and then.
-template <class E>
+/// Over 16-bit pages the model holds the keys and values as stored (each rounded once, widened),
+/// and the contiguous calls get those keys (rotated, as stored) and values.
+template <class Store, class E>
 void paged_run(fuzz_input& in, dims const& d, encoder_choice const& ec, E const& enc) {
   constexpr bool rotates = posenc::encoder_traits<E>::rotates_queries_keys;
   paged_session m;
   m.d = d;
   m.pages = in.range(1, 24);
   m.P = in.range(1, 8);
-  m.contiguous_rotated = ec.length_dependent || in.coin();
-  logf(g_config, "paged: pages %ld page_tokens %ld kv_heads %ld q heads %ld head_dim %ld value_dim %ld, contiguous keys %s; ",
+  m.contiguous_rotated = ec.length_dependent || in.coin() || sixteen_v<Store>;
+  logf(g_config, "paged: pages %ld page_tokens %ld kv_heads %ld q heads %ld head_dim %ld value_dim %ld, %s, contiguous keys %s; ",
        static_cast<long>(m.pages), static_cast<long>(m.P), static_cast<long>(d.Hkv), static_cast<long>(d.Hq),
-       static_cast<long>(d.D), static_cast<long>(d.Dv), rotates && m.contiguous_rotated ? "as stored" : "unrotated");
+       static_cast<long>(d.D), static_cast<long>(d.Dv), storage_name<Store>(),
+       rotates && m.contiguous_rotated ? "as stored" : "unrotated");
   ec.describe(g_config);
-  posenc::paged_kv_cache<float> cache(m.pages, m.P, d.Hkv, d.D, d.Dv == d.D && in.coin() ? 0 : d.Dv);
-  posenc::paged_attention_workspace<float> ws;
+  posenc::paged_kv_cache<Store> cache(m.pages, m.P, d.Hkv, d.D, d.Dv == d.D && in.coin() ? 0 : d.Dv);
+  posenc::paged_attention_workspace<Store> ws;
+  // Extended inputs: one session in 6 draws NaN and infinities into the keys of its appends too.
+  bool const bad_keys = g_extended && in.below(6) == 0;
+  if (bad_keys) logf(g_config, "  keys sometimes NaN or infinite\n");
   bool const near_limit_ok = ec.kind == 0;  // positions near position_limit: only without an encoder's own limits
   index_t const ops = in.range(1, 24);
   char what[128];
@@ -864,7 +984,14 @@ void paged_run(fuzz_input& in, dims const& d, encoder_choice const& ec, E const&
         index_t const S = in.below(10) == 0 ? 0 : in.below(6) == 0 ? in.range(6, 14) : in.range(1, 4);
         auto const nb = static_cast<index_t>(ids.size());
         std::vector<float> k, v;
-        draw_rows(in, nb * S, d, k, v);
+        draw_rows(in, nb * S, d, k, v, bad_keys);
+        // A 16-bit cache also takes k and v of its own type (widened exactly, then as float ones).
+        bool const views16 = sixteen_v<Store> && in.coin();
+        std::vector<Store> k16, v16;
+        if (views16) {
+          k16 = to_storage_copy<Store>(k), v16 = to_storage_copy<Store>(v);
+          round_to_storage<Store>(k), round_to_storage<Store>(v);
+        }
         bool const wrong_encoder = valid && S > 0 && m.tokens() > 0 && in.below(12) == 0;
         // The model: pages taken one id at a time, in order, copies of shared partly filled pages included.
         paged_session next = m;
@@ -880,6 +1007,8 @@ void paged_run(fuzz_input& in, dims const& d, encoder_choice const& ec, E const&
             std::vector<float> vb(v.begin() + b * S * d.Hkv * d.Dv, v.begin() + (b + 1) * S * d.Hkv * d.Dv);
             rotated[static_cast<std::size_t>(b)] = kb;
             if (positions_ok && !rotate_new_keys(enc, rotated[static_cast<std::size_t>(b)], S, d, p0)) rotation_ok = false;
+            round_to_storage<Store>(rotated[static_cast<std::size_t>(b)]);  // stored: rotated in float, rounded once
+            round_to_storage<Store>(vb);
             if (s.len % m.P != 0 && next.refs.at(s.pages.back()) > 1) {
               next.drop(s.pages.back());
               s.pages.back() = next.next_obj++;
@@ -907,10 +1036,11 @@ void paged_run(fuzz_input& in, dims const& d, encoder_choice const& ec, E const&
              ok ? "" : " (must throw)");
         if (!std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); }))
           logf(g_log, "    values hold a non-finite element\n");
+        if (!std::all_of(k.begin(), k.end(), [](float x) { return std::isfinite(x); }))
+          logf(g_log, "    keys hold a non-finite element\n");
+        if (views16) logf(g_log, "    k and v given as %s\n", storage_name<Store>());
         std::snprintf(what, sizeof what, "append of %ld ids, %ld tokens", static_cast<long>(nb), static_cast<long>(S));
-        auto const kview = posenc::make_bshd<const float>(k.data(), nb, S, d.Hkv, d.D);
-        auto const vview = posenc::make_bshd<const float>(v.data(), nb, S, d.Hkv, d.Dv);
-        auto call = [&] {
+        auto append_views = [&](auto const& kview, auto const& vview) {
           if (wrong_encoder) {
             if constexpr (rotates) cache.append(posenc::span<const index_t>(ids.data(), nb), kview, vview, posenc::none{});
             else
@@ -922,8 +1052,21 @@ void paged_run(fuzz_input& in, dims const& d, encoder_choice const& ec, E const&
             cache.append(posenc::span<const index_t>(ids.data(), nb), kview, vview, enc);
           }
         };
+        auto call = [&] {
+          if constexpr (sixteen_v<Store>) {
+            if (views16) {
+              append_views(posenc::make_bshd<const Store>(k16.data(), nb, S, d.Hkv, d.D),
+                           posenc::make_bshd<const Store>(v16.data(), nb, S, d.Hkv, d.Dv));
+              return;
+            }
+          }
+          append_views(posenc::make_bshd<const float>(k.data(), nb, S, d.Hkv, d.D),
+                       posenc::make_bshd<const float>(v.data(), nb, S, d.Hkv, d.Dv));
+        };
         if (ok) {
           must_not_throw(call, what);
+          stats.appends16 += sixteen_v<Store> ? 1 : 0;
+          stats.appends16_views += views16 ? 1 : 0;
           if (S > 0) m = std::move(next);
         } else {
           must_throw(call, what);
@@ -1020,15 +1163,74 @@ void paged_run(fuzz_input& in, dims const& d, encoder_choice const& ec, E const&
 // ---------------------------------------------------------------------------
 // Packed calls.
 
-template <class E>
+/// A contiguous call (batch 1) with the problem's q and options (keys_rotated as given) over k and v
+/// stored as S: the 16-bit call that a sequence of a 16-bit packed call must equal. False when it
+/// threw posenc::error, which must leave out and lse untouched.
+template <class Path, class S, class E>
+bool run_stored(problem const& p, std::vector<S> const& k, std::vector<S> const& v, bool keys_rotated, E const& enc,
+                std::vector<float>& out, std::vector<float>& lse) {
+  out.assign(static_cast<std::size_t>(p.Sq * p.Hq * p.Dv), sentinel);
+  lse.assign(static_cast<std::size_t>(p.Hq * p.Sq), sentinel);
+  posenc::attention_options<float> o = p.options();
+  o.lse = lse;
+  o.keys_rotated = keys_rotated;
+  try {
+    posenc::attention<Path>(posenc::make_bshd<const float>(p.q.data(), 1, p.Sq, p.Hq, p.D),
+                            posenc::make_bshd<const S>(k.data(), 1, p.Sk, p.Hkv, p.D),
+                            posenc::make_bshd<const S>(v.data(), 1, p.Sk, p.Hkv, p.Dv),
+                            posenc::make_bshd(out.data(), 1, p.Sq, p.Hq, p.Dv), enc, o);
+  } catch (posenc::error const&) {
+    require_untouched(out, lse, "contiguous 16-bit call");
+    return false;
+  }
+  return true;
+}
+
+/// The keys (sk, Hkv, D) of a packed sequence as the contiguous 16-bit call uses them when it
+/// rotates them (docs/attention.md: rotated in float and rounded once back to 16 bits), from their
+/// widened values: at their default positions j (padding keys at min(j, length - 1)), with the
+/// length the call rotates with (the largest key position that is not padding, or the largest
+/// one when every key is padding, or a larger query position, plus 1). False when the encoder
+/// rejects the rotation.
+template <class S, class E>
+bool rotate_as_stored(E const& enc, std::vector<float>& k, index_t sq, index_t sk, index_t key_length, dims const& d) {
+  if (sk == 0) return true;
+  index_t const L = key_length >= 0 ? key_length : sk;
+  index_t const kmax = L > 0 ? std::min(L, sk) - 1 : sk - 1;
+  index_t const qmax = sq == 0 ? -1 : sq == sk ? sq - 1 : L - 1;
+  index_t const length = std::max(kmax, qmax) + 1;
+  std::vector<index_t> ids(static_cast<std::size_t>(sk));
+  for (index_t j = 0; j < sk; ++j) ids[static_cast<std::size_t>(j)] = j < L ? j : std::min(j, length - 1);
+  try {
+    enc.rotate(posenc::make_bshd(k.data(), 1, sk, d.Hkv, d.D), posenc::position_span::ids(ids.data(), 1, sk), length);
+  } catch (posenc::error const&) {
+    return false;
+  }
+  round_to_storage<S>(k);
+  return true;
+}
+
+/// A packed call of 1 to 5 sequences against each sequence's contiguous call. With 16-bit k and v
+/// (extended inputs) the packed reference and fused calls (q and out float) must equal the
+/// contiguous 16-bit call on the sequence's rows (bit for bit on one thread), and meet the
+/// tolerance rule against the float reference on the widened k and v (keys rotated as the
+/// 16-bit call stores them, for a rotating encoder).
+template <class Store, class E>
 void packed_run(fuzz_input& in, dims const& d, encoder_choice const& ec, E const& enc) {
   constexpr bool has_memory = posenc::detail::has_memory_length<E>::value;
+  constexpr bool rotates = posenc::encoder_traits<E>::rotates_queries_keys;
+  constexpr bool sixteen = sixteen_v<Store>;
   index_t const n = in.range(1, 5);
+  // Extended inputs with a Transformer-XL memory_length() M > 0: half the time every sequence of
+  // more than M + 1 keys has more than M before its queries (a memory the call cuts).
+  index_t memory = 0;
+  if constexpr (has_memory) memory = enc.memory_length();
+  bool const cut_all = g_extended && memory > 0 && in.coin();
   std::vector<index_t> ql, kl;
   for (index_t s = 0; s < n; ++s) {
-    index_t const k = in.below(6) == 0 ? 0 : in.range(1, 12);
+    index_t const k = in.below(6) == 0 ? 0 : in.range(1, 12), q_min = std::min<index_t>(1, k);
     kl.push_back(k);
-    ql.push_back(in.below(6) == 0 ? 0 : in.range(std::min<index_t>(1, k), k));
+    ql.push_back(in.below(6) == 0 ? 0 : in.range(q_min, cut_all ? std::max(q_min, k - memory - 1) : k));
   }
   std::vector<index_t> const cu_q = posenc::cumulative_lengths(ql), cu_k = posenc::cumulative_lengths(kl);
   index_t const Tq = cu_q.back(), Tk = cu_k.back();
@@ -1051,8 +1253,9 @@ void packed_run(fuzz_input& in, dims const& d, encoder_choice const& ec, E const
   if (in.below(4) == 0) opt.softcap = caps[in.below(3)];
   if (in.below(4) == 0) opt.scale = in.coin() ? 0.5 : 2.0;
   opt.threads = 1;
+  // key_lengths: with Transformer-XL (and its memory cut) on extended inputs only.
   std::vector<index_t> key_lengths;
-  if (!has_memory && in.below(3) == 0) {
+  if ((!has_memory || g_extended) && in.below(3) == 0) {
     for (index_t s = 0; s < n; ++s)
       key_lengths.push_back(in.below(12) == 0 ? kl[static_cast<std::size_t>(s)] + 1 : in.range(0, kl[static_cast<std::size_t>(s)]));
     opt.key_lengths = key_lengths;
@@ -1073,25 +1276,44 @@ void packed_run(fuzz_input& in, dims const& d, encoder_choice const& ec, E const
     opt.bool_mask = posenc::make_mask<bool>(bmask.get(), 1, mh, mq, mk);
   }
   bool const want_lse = in.coin();
-  logf(g_config, "packed: %ld sequences, kv_heads %ld q heads %ld head_dim %ld value_dim %ld; ", static_cast<long>(n),
-       static_cast<long>(d.Hkv), static_cast<long>(d.Hq), static_cast<long>(d.D), static_cast<long>(d.Dv));
+  // Extended inputs: threads 1 to 3, and sometimes a NaN or an infinity in the keys.
+  if (g_extended) {
+    opt.threads = static_cast<int>(in.range(1, 3));
+    if (!k.empty() && in.below(8) == 0) {
+      float const kinds[] = {std::nanf(""), inf, -inf};
+      float const bad = kinds[in.below(3)];
+      spoil(in, k, Tk * d.Hkv, d.D, bad);
+    }
+  }
+  // 16-bit k and v: the packed call's, and their widened values (float: k and v themselves).
+  std::vector<Store> k16, v16;
+  if constexpr (sixteen) k16 = to_storage_copy<Store>(k), v16 = to_storage_copy<Store>(v);
+  std::vector<float> kw = k, vw = v;
+  round_to_storage<Store>(kw), round_to_storage<Store>(vw);
+  logf(g_config, "packed: %ld sequences, kv_heads %ld q heads %ld head_dim %ld value_dim %ld, k and v %s; ",
+       static_cast<long>(n), static_cast<long>(d.Hkv), static_cast<long>(d.Hq), static_cast<long>(d.D),
+       static_cast<long>(d.Dv), storage_name<Store>());
   ec.describe(g_config);
   logf(g_log, "  q/k lengths:");
   for (index_t s = 0; s < n; ++s)
     logf(g_log, " %ld/%ld", static_cast<long>(ql[static_cast<std::size_t>(s)]), static_cast<long>(kl[static_cast<std::size_t>(s)]));
-  logf(g_log, "\n  causal %d window %ld softcap %g scale %g key_lengths %zu masks %d (1 %ld %ld %ld) lse %d\n",
-       opt.causal ? 1 : 0, static_cast<long>(opt.sliding_window), opt.softcap, opt.scale ? *opt.scale : -0.0,
-       key_lengths.size(), masks, static_cast<long>(mh), static_cast<long>(mq), static_cast<long>(mk), want_lse ? 1 : 0);
+  logf(g_log, "\n  threads %d causal %d window %ld softcap %g scale %g key_lengths %zu masks %d (1 %ld %ld %ld) lse %d keys finite %d\n",
+       opt.threads, opt.causal ? 1 : 0, static_cast<long>(opt.sliding_window), opt.softcap, opt.scale ? *opt.scale : -0.0,
+       key_lengths.size(), masks, static_cast<long>(mh), static_cast<long>(mq), static_cast<long>(mk), want_lse ? 1 : 0,
+       std::all_of(k.begin(), k.end(), [](float x) { return std::isfinite(x); }) ? 1 : 0);
   if (!key_lengths.empty()) {
     logf(g_log, "  key_lengths:");
     for (index_t x : key_lengths) logf(g_log, " %ld", static_cast<long>(x));
     logf(g_log, "\n");
   }
 
-  // The sequences alone: the oracle, and the contiguous fused call.
+  // The sequences alone: the oracle (over the widened k and v), and the contiguous calls a
+  // sequence of the packed call must equal bit for bit on one thread: the contiguous fused
+  // call, and for 16-bit k and v the contiguous 16-bit reference and fused calls.
   std::vector<problem> alone(static_cast<std::size_t>(n));
   std::vector<expected> want(static_cast<std::size_t>(n));
-  std::vector<std::vector<float>> fused_out(static_cast<std::size_t>(n)), fused_lse(static_cast<std::size_t>(n));
+  std::vector<std::vector<float>> fused_out(static_cast<std::size_t>(n)), fused_lse(static_cast<std::size_t>(n)),
+      ref16_out(static_cast<std::size_t>(n)), ref16_lse(static_cast<std::size_t>(n));
   bool all_ok = true;
   for (index_t s = 0; s < n; ++s) {
     problem& p = alone[static_cast<std::size_t>(s)];
@@ -1099,8 +1321,8 @@ void packed_run(fuzz_input& in, dims const& d, encoder_choice const& ec, E const
     index_t const q0 = cu_q[static_cast<std::size_t>(s)], k0 = cu_k[static_cast<std::size_t>(s)];
     p.Sq = sq, p.Sk = sk, p.Hq = d.Hq, p.Hkv = d.Hkv, p.D = d.D, p.Dv = d.Dv;
     p.q.assign(q.begin() + q0 * d.Hq * d.D, q.begin() + (q0 + sq) * d.Hq * d.D);
-    p.k.assign(k.begin() + k0 * d.Hkv * d.D, k.begin() + (k0 + sk) * d.Hkv * d.D);
-    p.v.assign(v.begin() + k0 * d.Hkv * d.Dv, v.begin() + (k0 + sk) * d.Hkv * d.Dv);
+    p.k.assign(kw.begin() + k0 * d.Hkv * d.D, kw.begin() + (k0 + sk) * d.Hkv * d.D);
+    p.v.assign(vw.begin() + k0 * d.Hkv * d.Dv, vw.begin() + (k0 + sk) * d.Hkv * d.Dv);
     p.base = opt;
     p.base.key_lengths = {};
     p.base.mask = {};
@@ -1129,34 +1351,88 @@ void packed_run(fuzz_input& in, dims const& d, encoder_choice const& ec, E const
           for (index_t j = 0; j < kk; ++j) p.bmask[t++] = bmask[at(h, i, j)];
     }
     set_extra(p, enc);
-    want[static_cast<std::size_t>(s)] = oracle(p, enc);
-    all_ok = all_ok && want[static_cast<std::size_t>(s)].ok;
-    if (want[static_cast<std::size_t>(s)].ok &&
-        !run_contiguous<posenc::path::fused>(p, enc, fused_out[static_cast<std::size_t>(s)], fused_lse[static_cast<std::size_t>(s)]))
-      fail("the contiguous fused call rejects what the contiguous reference accepts");
+    auto& x = want[static_cast<std::size_t>(s)];
+    auto& fo = fused_out[static_cast<std::size_t>(s)];
+    auto& fl = fused_lse[static_cast<std::size_t>(s)];
+    if constexpr (sixteen) {
+      std::vector<Store> const ks(k16.begin() + k0 * d.Hkv * d.D, k16.begin() + (k0 + sk) * d.Hkv * d.D);
+      std::vector<Store> const vs(v16.begin() + k0 * d.Hkv * d.Dv, v16.begin() + (k0 + sk) * d.Hkv * d.Dv);
+      bool const f16_ok = run_stored<posenc::path::fused>(p, ks, vs, opt.keys_rotated, enc, fo, fl);
+      bool const r16_ok = run_stored<posenc::path::reference>(p, ks, vs, opt.keys_rotated, enc,
+                                                              ref16_out[static_cast<std::size_t>(s)],
+                                                              ref16_lse[static_cast<std::size_t>(s)]);
+      if (f16_ok != r16_ok) fail("the contiguous 16-bit reference and fused calls disagree on whether the arguments are valid");
+      bool rotation_ok = true;
+      if constexpr (rotates) {
+        rotation_ok = rotate_as_stored<Store>(enc, p.k, sq, sk, p.key_length, d);
+        p.base.keys_rotated = sk > 0;
+      }
+      if (rotation_ok) x = oracle(p, enc);
+      if (r16_ok != (rotation_ok && x.ok)) {
+        std::fprintf(stderr, "sequence %ld: the 16-bit call %s, the float call on its widened k and v %s\n",
+                     static_cast<long>(s), r16_ok ? "accepts" : "throws",
+                     !rotation_ok ? "cannot rotate its keys" : x.ok ? "accepts" : "throws");
+        fail("the contiguous 16-bit call and the float call on its widened k and v disagree on validity");
+      }
+      x.ok = r16_ok;
+      // The reference reads each 16-bit element widened exactly, in double: the float reference's bits.
+      if (x.ok && opt.threads == 1 &&
+          (!identical(ref16_out[static_cast<std::size_t>(s)].data(), x.out.data(), x.out.size()) ||
+           !identical(ref16_lse[static_cast<std::size_t>(s)].data(), x.lse.data(), x.lse.size()))) {
+        std::fprintf(stderr, "sequence %ld: the contiguous 16-bit reference is not the float reference on the widened k and v\n",
+                     static_cast<long>(s));
+        fail("the 16-bit reference differs from the float reference on the widened values bit for bit");
+      }
+    } else {
+      x = oracle(p, enc);
+      if (x.ok && !run_contiguous<posenc::path::fused>(p, enc, fo, fl))
+        fail("the contiguous fused call rejects what the contiguous reference accepts");
+    }
+    all_ok = all_ok && x.ok;
   }
 
-  auto packed = [&](auto path, char const* name) {
+  std::size_t const out_n = static_cast<std::size_t>(Tq * d.Hq * d.Dv), lse_n = static_cast<std::size_t>(d.Hq * Tq);
+  auto call = [&](auto path, std::vector<float>& out, std::vector<float>& lse, char const* name) {
     using Path = decltype(path);
-    std::vector<float> out(static_cast<std::size_t>(Tq * d.Hq * d.Dv), sentinel), lse(static_cast<std::size_t>(d.Hq * Tq), sentinel);
+    out.assign(out_n, sentinel), lse.assign(lse_n, sentinel);
     posenc::attention_options<float> o = opt;
     if (want_lse) o.lse = lse;
+    posenc::packed_sequences const seqs{cu_q, cu_k};
     try {
-      posenc::attention<Path>(posenc::make_bshd<const float>(q.data(), 1, Tq, d.Hq, d.D),
-                              posenc::make_bshd<const float>(k.data(), 1, Tk, d.Hkv, d.D),
-                              posenc::make_bshd<const float>(v.data(), 1, Tk, d.Hkv, d.Dv),
-                              posenc::make_bshd(out.data(), 1, Tq, d.Hq, d.Dv), posenc::packed_sequences{cu_q, cu_k}, enc,
-                              o);
+      if constexpr (sixteen) {
+        posenc::attention<Path>(posenc::make_bshd<const float>(q.data(), 1, Tq, d.Hq, d.D),
+                                posenc::make_bshd<const Store>(k16.data(), 1, Tk, d.Hkv, d.D),
+                                posenc::make_bshd<const Store>(v16.data(), 1, Tk, d.Hkv, d.Dv),
+                                posenc::make_bshd(out.data(), 1, Tq, d.Hq, d.Dv), seqs, enc, o);
+      } else {
+        posenc::attention<Path>(posenc::make_bshd<const float>(q.data(), 1, Tq, d.Hq, d.D),
+                                posenc::make_bshd<const float>(k.data(), 1, Tk, d.Hkv, d.D),
+                                posenc::make_bshd<const float>(v.data(), 1, Tk, d.Hkv, d.Dv),
+                                posenc::make_bshd(out.data(), 1, Tq, d.Hq, d.Dv), seqs, enc, o);
+      }
     } catch (posenc::error const& e) {
-      logf(g_log, "  packed %s threw: %s\n", name, e.what());
-      for (float x : out)
-        if (!same_bits(x, sentinel)) fail("the packed call threw posenc::error after writing out");
-      for (float x : lse)
-        if (!same_bits(x, sentinel)) fail("the packed call threw posenc::error after writing lse");
+      logf(g_log, "  %s threw: %s\n", name, e.what());
+      require_untouched(out, lse, "the packed call");
+      return false;
+    }
+    return true;
+  };
+  auto packed = [&](auto path, char const* name) {
+    using Path = decltype(path);
+    std::vector<float> out, lse;
+    if (!call(path, out, lse, name)) {
       if (all_ok) fail("the packed call throws though every sequence's contiguous call accepts");
       return;
     }
     if (!all_ok) fail("the packed call accepts a sequence whose contiguous call throws");
+    if (opt.threads > 1) {  // the same call again, the same threads: the same bits
+      std::vector<float> out2, lse2;
+      if (!call(path, out2, lse2, name)) fail("a second run of an accepted packed call throws");
+      if (!identical(out2.data(), out.data(), out_n) || (want_lse && !identical(lse2.data(), lse.data(), lse_n))) {
+        std::fprintf(stderr, "%s, %d threads: the second run differs\n", name, opt.threads);
+        fail("a second run of the same packed call differs bit for bit");
+      }
+    }
     for (index_t s = 0; s < n; ++s) {
       problem const& p = alone[static_cast<std::size_t>(s)];
       expected const& x = want[static_cast<std::size_t>(s)];
@@ -1169,31 +1445,73 @@ void packed_run(fuzz_input& in, dims const& d, encoder_choice const& ec, E const
       std::snprintf(where, sizeof where, "sequence %ld (%ld queries, %ld keys)", static_cast<long>(s),
                     static_cast<long>(p.Sq), static_cast<long>(p.Sk));
       check_against(x, p, o0, l.data(), want_lse, name, where);
-      // One thread: the path's own kernel on the sequence's rows, as the contiguous call (bit for bit).
+      // One thread: the path's own kernel on the sequence's rows, as the contiguous call of the
+      // same tensor types (bit for bit).
       std::vector<float> const* same_out = nullptr;
       std::vector<float> const* same_lse = nullptr;
-      if (std::is_same_v<Path, posenc::path::reference>) same_out = &x.out, same_lse = &x.lse;
+      if (std::is_same_v<Path, posenc::path::reference>) {
+        same_out = sixteen ? &ref16_out[static_cast<std::size_t>(s)] : &x.out;
+        same_lse = sixteen ? &ref16_lse[static_cast<std::size_t>(s)] : &x.lse;
+      }
       if (std::is_same_v<Path, posenc::path::fused>)
         same_out = &fused_out[static_cast<std::size_t>(s)], same_lse = &fused_lse[static_cast<std::size_t>(s)];
-      if (same_out && (!identical(o0, same_out->data(), same_out->size()) ||
-                       (want_lse && !identical(l.data(), same_lse->data(), same_lse->size())))) {
+      if (opt.threads == 1 && same_out &&
+          (!identical(o0, same_out->data(), same_out->size()) ||
+           (want_lse && !identical(l.data(), same_lse->data(), same_lse->size())))) {
         std::fprintf(stderr, "%s, %s: not the contiguous call on the sequence's rows bit for bit\n", where, name);
         fail("packed call differs from the contiguous call of the same path bit for bit");
       }
     }
   };
+  if (all_ok && g_extended) {
+    ++stats.packed_checked, ++stats.packed_threads[opt.threads];
+    stats.packed_bad_keys += std::all_of(k.begin(), k.end(), [](float x) { return std::isfinite(x); }) ? 0 : 1;
+    if (has_memory && !key_lengths.empty()) {
+      ++stats.packed_xl_lengths;
+      bool cut = false;
+      for (index_t s = 0; s < n; ++s)
+        cut = cut || memory_cut_of(enc, ql[static_cast<std::size_t>(s)], key_lengths[static_cast<std::size_t>(s)]) > 0;
+      stats.packed_xl_cut_lengths += cut ? 1 : 0;
+    }
+    stats.packed_rotated16 += sixteen && rotates ? 1 : 0;
+  }
   packed(posenc::path::reference{}, "packed reference");
-  packed(posenc::path::materialized{}, "packed materialized");
+  if constexpr (!sixteen) packed(posenc::path::materialized{}, "packed materialized");
   packed(posenc::path::fused{}, "packed fused");
 }
 
-}  // namespace
+/// The 16-bit type of an encoder's 16-bit pages and packed k and v: Eigen::half or
+/// Eigen::bfloat16, one per encoder (both for all six encoders would add as much build time
+/// again), each of them under a rotation (rope; rope + alibi) and under a bias (alibi; t5_bias).
+template <class E>
+struct sixteen_of {
+  using type = Eigen::bfloat16;  // none, t5_bias, compose<rope, alibi>
+};
+template <>
+struct sixteen_of<posenc::rope<float>> {
+  using type = Eigen::half;
+};
+template <>
+struct sixteen_of<posenc::alibi<float>> {
+  using type = Eigen::half;
+};
+template <>
+struct sixteen_of<posenc::transformer_xl<float>> {
+  using type = Eigen::half;
+};
 
-extern "C" int LLVMFuzzerTestOneInput(std::uint8_t const* data, std::size_t size) {
+/// Decodes and runs one input: its float runs (Sixteen false) or its 16-bit runs (Sixteen true,
+/// instantiated only in cache_sixteen.cpp). Returns false when the input asks for the runs of the
+/// other kind, having decoded nothing else.
+template <bool Sixteen>
+bool run_input(std::uint8_t const* data, std::size_t size) {
   fuzz_input in(data, size);
   g_config.clear();
   g_log.clear();
-  bool const packed = in.below(4) == 0;
+  std::uint8_t const first = in.byte();
+  bool const packed = first % 4 == 0;
+  g_extended = first >= 0x40 && first < 0xc0;
+  if (!Sixteen) ++stats.inputs, stats.extended += g_extended ? 1 : 0;
   dims d;
   d.Hkv = in.range(1, 2);
   d.Hq = d.Hkv * in.range(1, 2);
@@ -1201,9 +1519,37 @@ extern "C" int LLVMFuzzerTestOneInput(std::uint8_t const* data, std::size_t size
   d.Dv = in.below(3) == 0 ? in.range(1, 12) : d.D;
   encoder_choice ec;
   ec.draw(in, d, static_cast<int>(in.below(6)));
+  // Extended inputs: pages (or packed k and v) of float or of the encoder's 16-bit type.
+  bool const sixteen = g_extended && in.coin();
+  if (sixteen != Sixteen) return false;
   with_encoder(ec, d, [&](auto const& enc) {
-    if (packed) packed_run(in, d, ec, enc);
-    else paged_run(in, d, ec, enc);
+    using S = std::conditional_t<Sixteen, typename sixteen_of<std::decay_t<decltype(enc)>>::type, float>;
+    if (packed) packed_run<S>(in, d, ec, enc);
+    else paged_run<S>(in, d, ec, enc);
   });
+  return true;
+}
+
+}  // namespace
+
+#ifdef POSENC_FUZZ_CACHE_SIXTEEN_UNIT
+// cache_sixteen.cpp: the 16-bit runs, a unit of their own so that their kernels compile in
+// parallel with the float ones.
+void posenc_fuzz_cache_sixteen(std::uint8_t const* data, std::size_t size) {
+  if (!run_input<true>(data, size)) posenc_fuzz::finding("an input of the float runs reached the 16-bit unit");
+}
+#else
+void posenc_fuzz_cache_sixteen(std::uint8_t const* data, std::size_t size);
+
+// With OpenMP (tests/fuzz/CMakeLists.txt), threads > 1 run on OpenMP threads; passive waiting
+// keeps them from spinning between calls on the cores the other harnesses fuzz on.
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  setenv("OMP_WAIT_POLICY", "passive", 0);
   return 0;
 }
+
+extern "C" int LLVMFuzzerTestOneInput(std::uint8_t const* data, std::size_t size) {
+  if (!run_input<false>(data, size)) posenc_fuzz_cache_sixteen(data, size);
+  return 0;
+}
+#endif

@@ -44,9 +44,14 @@ void run_attention_here(view<const Q> q, view<const KV> k, view<const KV> v, vie
                         attention_options<T> const& opt, half_masks const& masks16);
 
 /// Keys and values of a call without their first `cut` rows, with options that
-/// keep every remaining key and query at its distance: key lengths, masks and
-/// positions follow the keys (all positions move down by `cut` when the keys
-/// sat at their indices). K and V are stored as KV (T or a 16-bit type).
+/// keep every remaining key and query at its distance: key lengths and masks
+/// follow the keys. Without key positions the keys move to their new indices
+/// and the queries with them (the kernels' plan for keys at their indices),
+/// unless a query would then sit before position 0 where it sees keys (given
+/// query positions, no causal rule): then, as with given key positions, every
+/// key and query keeps its position (explicit ids). Every entry drops the
+/// same `cut` (attention runs an entry alone when its cut differs). K and V
+/// are stored as KV (T or a 16-bit type).
 template <class T, class KV = T>
 struct memory_cut {
   view<const KV> k, v;
@@ -68,24 +73,23 @@ struct memory_cut {
     }
     cut_mask(opt.mask, cut);
     cut_mask(opt.bool_mask, cut);
-    if (o.k_positions) {  // keys keep their positions, queries theirs (the default ones of the whole call)
-      for (index_t b = 0; b < B; ++b)
-        for (index_t j = 0; j < n; ++j) k_ids.push_back(o.k_positions->at(b, cut + j));
-      opt.k_positions = position_span::ids(k_ids.data(), B, n);
-      if (!o.q_positions) {
-        for (index_t b = 0; b < B; ++b) {
-          index_t const L = o.key_lengths.empty() ? Sk : o.key_lengths[b];
-          for (index_t i = 0; i < Sq; ++i) q_ids.push_back(L - Sq + i);
-        }
-        opt.q_positions = position_span::ids(q_ids.data(), B, Sq);
-      }
-    } else {  // keys move to their new indices, queries with them
-      for (index_t b = 0; b < B; ++b) {
-        index_t const L = o.key_lengths.empty() ? Sk : o.key_lengths[b];
-        for (index_t i = 0; i < Sq; ++i) q_ids.push_back((o.q_positions ? o.q_positions->at(b, i) : L - Sq + i) - cut);
-      }
-      opt.q_positions = position_span::ids(q_ids.data(), B, Sq);
+    // The queries' positions in the whole call: given, or the defaults.
+    for (index_t b = 0; b < B; ++b) {
+      index_t const L = o.key_lengths.empty() ? Sk : o.key_lengths[b];
+      for (index_t i = 0; i < Sq; ++i)
+        q_ids.push_back(o.q_positions ? o.q_positions->at(b, i) : Sq == Sk ? i : L - Sq + i);
     }
+    bool shift = !o.k_positions;
+    if (shift && !o.causal && o.sliding_window <= 0)
+      for (index_t p : q_ids) shift = shift && p - cut >= 0;
+    if (shift) {
+      for (index_t& p : q_ids) p -= cut;
+    } else {
+      for (index_t b = 0; b < B; ++b)
+        for (index_t j = 0; j < n; ++j) k_ids.push_back(o.k_positions ? o.k_positions->at(b, cut + j) : cut + j);
+      opt.k_positions = position_span::ids(k_ids.data(), B, n);
+    }
+    opt.q_positions = position_span::ids(q_ids.data(), B, Sq);
   }
 
   template <class M>
@@ -166,17 +170,36 @@ void run_attention_here(view<const Q> q, view<const KV> k, view<const KV> v, vie
   using traits = encoder_traits<E>;
   if constexpr (has_memory_length<E>::value) {
     // A segment memory longer than the encoder's M keys: cut to its last M.
-    index_t const M = enc.memory_length();
-    if (M > 0 && k.seq - q.seq > M) {
+    // Entry b's memory is the keys before its queries among its own
+    // (key_lengths[b]); entries whose cuts differ run one at a time.
+    index_t const B = q.batch, Sq = q.seq, Sk = k.seq;
+    index_t const cut = B > 0 ? entry_memory_cut(enc, opt, 0, Sq, Sk) : 0;
+    bool uneven = false;
+    for (index_t b = 1; b < B; ++b) uneven = uneven || entry_memory_cut(enc, opt, b, Sq, Sk) != cut;
+    if (cut > 0 || uneven) {
       validate(q, k, v, out, enc, opt);  // the call as given, before anything is read past it
       check_half_masks("posenc::attention", masks16, q, k, out, opt);
-      require(!opt.scores, "posenc::attention", "scores is set with a memory of ", k.seq - q.seq,
-              " keys, expected null (the encoder's memory_length() is ", M,
-              ": the memory is cut, so no scores column belongs to the first ", k.seq - q.seq - M, " keys)");
-      memory_cut<T, KV> const c(q, k, v, opt, k.seq - q.seq - M);
+      if (opt.scores) {
+        index_t b = 0;  // the entry with the longest cut, named in the message
+        for (index_t e = 1; e < B; ++e)
+          if (entry_memory_cut(enc, opt, e, Sq, Sk) > entry_memory_cut(enc, opt, b, Sq, Sk)) b = e;
+        index_t const L = opt.key_lengths.empty() ? Sk : opt.key_lengths[b];
+        require(false, "posenc::attention", "scores is set with a memory of ", L - Sq,
+                " keys, expected null (the encoder's memory_length() is ", enc.memory_length(),
+                ": the memory is cut, so no scores column belongs to the first ", L - Sq - enc.memory_length(),
+                " keys of batch entry ", b, ")");
+      }
+      if (uneven) {
+        for (index_t b = 0; b < B; ++b)
+          run_attention<Path, AllowAdditive>(entry_of(q, b), entry_of(k, b), entry_of(v, b), entry_of(out, b), enc,
+                                             entry_options(opt, b, q.heads, Sq, Sk),
+                                             entry_masks(masks16, b, Sk));
+        return;
+      }
+      memory_cut<T, KV> const c(q, k, v, opt, cut);
       half_masks m = masks16;
-      memory_cut<T, KV>::cut_mask(m.half, k.seq - q.seq - M);
-      memory_cut<T, KV>::cut_mask(m.bfloat16, k.seq - q.seq - M);
+      memory_cut<T, KV>::cut_mask(m.half, cut);
+      memory_cut<T, KV>::cut_mask(m.bfloat16, cut);
       run_attention<Path, AllowAdditive>(q, c.k, c.v, out, enc, c.opt, m);
       return;
     }

@@ -73,6 +73,58 @@ void run_attention_backward(view<const T> q, view<const T> k, view<const T> v, v
   }
 }
 
+/// The backward pass of a call whose batch entries cut their segment
+/// memories differently (key_lengths): each entry runs alone (batch 1, its
+/// own cut) into scratch gradients. A given lse is checked row by row once
+/// every entry has run (naming the call's batch entry), and only then are
+/// dq, dk, dv and grads written: an error leaves them untouched.
+template <class Path, class T, class E>
+void memory_cut_entries(view<const T> q, view<const T> k, view<const T> v, view<const T> out, view<const T> dout,
+                        view<T> dq, view<T> dk, view<T> dv, E const& enc, attention_options<T> const& opt,
+                        encoder_gradients_t<E>& grads, half_masks const& masks16, bool check_lse, double* row_sums) {
+  index_t const B = q.batch, Sq = q.seq, Sk = k.seq, Hq = q.heads;
+  aligned_buffer<T> bq = aligned_buffer<T>::uninitialized(dq.size()), bk = aligned_buffer<T>::uninitialized(dk.size()),
+                    bv = aligned_buffer<T>::uninitialized(dv.size());
+  view<T> const sq = make_bshd(bq.data(), B, Sq, dq.heads, dq.dim), sk = make_bshd(bk.data(), B, Sk, dk.heads, dk.dim),
+                sv = make_bshd(bv.data(), B, Sk, dv.heads, dv.dim);
+  encoder_gradients_t<E> g = make_gradients(enc);
+  bool const gather = check_lse && opt.lse;  // the rows' sums come back here, checked below
+  std::vector<double> sums(gather ? static_cast<std::size_t>(B * Hq * Sq) : 0, 0.0);
+  double* const rs = gather ? sums.data() : row_sums;
+  for (index_t b = 0; b < B; ++b) {
+    attention_options<T> const o = entry_options(opt, b, Hq, Sq, Sk);
+    half_masks const m = entry_masks(masks16, b, Sk);
+    if (check_lse && !gather)  // no lse given: nothing to check
+      run_attention_backward<Path>(entry_of(q, b), entry_of(k, b), entry_of(v, b), entry_of(out, b), entry_of(dout, b),
+                                   entry_of(sq, b), entry_of(sk, b), entry_of(sv, b), enc, o, g, m);
+    else
+      run_attention_backward<Path>(entry_of(q, b), entry_of(k, b), entry_of(v, b), entry_of(out, b), entry_of(dout, b),
+                                   entry_of(sq, b), entry_of(sk, b), entry_of(sv, b), enc, o, g, m, std::false_type{},
+                                   rs ? rs + b * Hq * Sq : nullptr);
+  }
+  if (gather) {
+    T const* const lse = opt.lse.data();
+    for (index_t b = 0; b < B; ++b) {
+      index_t const n = Sk - entry_memory_cut(enc, opt, b, Sq, Sk);  // the keys of the entry's cut call
+      for (index_t h = 0; h < Hq; ++h)
+        for (index_t i = 0; i < Sq; ++i) {
+          index_t const r = (b * Hq + h) * Sq + i;
+          check_lse_row("posenc::attention_backward", b, h, i, n, lse[r], sums[static_cast<std::size_t>(r)]);
+        }
+    }
+  }
+  auto const copy = [](view<const T> from, view<T> to) {
+    for (index_t b = 0; b < to.batch; ++b)
+      for (index_t s = 0; s < to.seq; ++s)
+        for (index_t h = 0; h < to.heads; ++h)
+          for (index_t d = 0; d < to.dim; ++d) to.ptr(b, s, h)[d * to.dim_stride] = from.ptr(b, s, h)[d];
+  };
+  copy(sq, dq);
+  copy(sk, dk);
+  copy(sv, dv);
+  grads += g;
+}
+
 /// run_attention_backward's work in this translation unit.
 template <class Path, class T, class E>
 void run_attention_backward_here(view<const T> q, view<const T> k, view<const T> v, view<const T> out,
@@ -98,9 +150,17 @@ void run_attention_backward_here(view<const T> q, view<const T> k, view<const T>
   if constexpr (has_memory_length<E>::value) {
     // The forward pass cut a memory longer than the encoder's M keys to its
     // last M: the cut keys get no gradient, the rest that of the cut call.
-    index_t const M = enc.memory_length();
-    if (M > 0 && k.seq - q.seq > M) {
-      index_t const cut = k.seq - q.seq - M;
+    // Entry b's memory is the keys before its queries among its own
+    // (key_lengths[b]); when the entries' cuts differ, see memory_cut_entries.
+    index_t const B = q.batch, Sq = q.seq, Sk = k.seq;
+    index_t const cut = B > 0 ? entry_memory_cut(enc, opt, 0, Sq, Sk) : 0;
+    bool uneven = false;
+    for (index_t b = 1; b < B; ++b) uneven = uneven || entry_memory_cut(enc, opt, b, Sq, Sk) != cut;
+    if (uneven) {
+      memory_cut_entries<Path>(q, k, v, out, dout, dq, dk, dv, enc, opt, grads, masks16, check_lse, row_sums);
+      return;
+    }
+    if (cut > 0) {
       memory_cut<T> const c(q, k, v, opt, cut);
       view<T> dkc = dk, dvc = dv;
       if (dkc.data) dkc.data += cut * dk.seq_stride;  // null only for a view with no element

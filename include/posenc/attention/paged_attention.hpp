@@ -42,27 +42,6 @@ void fit_vector(std::vector<U>& v, index_t n) {
   v.resize(want);
 }
 
-/// Entry b of a (batch, ...) view as a batch-1 view.
-template <class V>
-V entry_of(V x, index_t b) noexcept {
-  if (x.data) x.data += b * x.batch_stride;
-  x.batch = 1;
-  return x;
-}
-
-/// Mask entry b of a mask whose batch is the call's entries (or 1:
-/// broadcast), its key extent cut to the sequence's `keys` (the keys past a
-/// shorter extent stay masked).
-template <class M>
-mask_view<M> mask_entry(mask_view<M> m, index_t b, index_t keys) noexcept {
-  if (m.empty()) return m;
-  m.k = std::min(m.k, keys);
-  if (m.batch == 1) return m;
-  if (m.data) m.data += b * m.batch_stride;
-  m.batch = 1;
-  return m;
-}
-
 /// The options entry b runs with: its key and query positions, its mask and lse rows.
 template <class T>
 attention_options<T> paged_entry_options(attention_options<T> const& opt, index_t b, index_t first, index_t keys,
@@ -76,11 +55,6 @@ attention_options<T> paged_entry_options(attention_options<T> const& opt, index_
   if (o.lse) o.lse = output_span<T>(o.lse.data() + b * hq * sq, hq * sq);
   o.keys_rotated = keys_rotated;
   return o;
-}
-
-/// The 16-bit masks of entry b, cut as mask_entry cuts the float mask.
-inline half_masks paged_entry_masks(half_masks const& m, index_t b, index_t keys) noexcept {
-  return {mask_entry(m.half, b, keys), mask_entry(m.bfloat16, b, keys)};
 }
 
 /// Keys (or values) of one sequence gathered into a contiguous (1, L, H, d) copy (elements as stored).
@@ -367,7 +341,7 @@ void paged_attention_here(view<const Q> q, paged_kv_cache<S> const& cache, span<
       // The contiguous call on the gathered sequence (its compile-time checks
       // are the entry point's; over 16 bits path::reference accumulates in double).
       detail::run_attention<Path, false>(detail::entry_of(q, b), kb, vb, detail::entry_of(out, b), enc, ob,
-                                         detail::paged_entry_masks(masks16, b, cache.length(id)));
+                                         detail::entry_masks(masks16, b, cache.length(id)));
     }
   } else {
     static_assert(std::is_same_v<Path, path::fused> || std::is_same_v<Path, path::best>,
@@ -440,7 +414,7 @@ void paged_attention_here(view<const Q> q, paged_kv_cache<S> const& cache, span<
       attention_options<T> const ob = detail::paged_entry_options(opt, b, cache.first_position(id), cache.length(id),
                                                                   work.q_ids.data(), Sq, q.heads, stored_rotated);
       detail::fill_paged_plan(work.plans[static_cast<std::size_t>(b)], detail::entry_of(q, b), cache, id, ob,
-                              detail::paged_entry_masks(masks16, b, cache.length(id)), shift_ok);
+                              detail::entry_masks(masks16, b, cache.length(id)), shift_ok);
       total += cache.length(id) - detail::paged_first_key(enc, cache.length(id), Sq);
     }
     auto const first_key = [&](index_t b) { return detail::paged_first_key(enc, cache.length(seq_ids[b]), Sq); };

@@ -398,6 +398,17 @@ void set_half_masks(attention_plan<T>& p, half_masks const& m) noexcept {
     p.bfloat16_mask.batch_stride = p.bfloat16_mask.head_stride = p.bfloat16_mask.q_stride = 0;
 }
 
+/// The encoder's memory_length() (transformer_xl), else 0.
+template <class E>
+index_t memory_length_of(E const& enc) noexcept {
+  if constexpr (has_memory_length<E>::value) {
+    return enc.memory_length();
+  } else {
+    (void)enc;
+    return 0;
+  }
+}
+
 /// Keys a call of Sq queries over Sk keys drops before attention: for an
 /// encoder with a segment memory of M > 0 keys (transformer_xl), the memory
 /// keys before its last M when it holds more; else 0.
@@ -412,19 +423,69 @@ index_t memory_cut_length(E const& enc, index_t sq, index_t sk) noexcept {
   }
 }
 
+/// Keys batch entry b drops before attention: memory_cut_length at the
+/// entry's own keys (key_lengths[b], else Sk), its memory being the keys
+/// before its Sq queries. Entries of one call may differ.
+template <class E, class T>
+index_t entry_memory_cut(E const& enc, attention_options<T> const& opt, index_t b, index_t sq, index_t sk) noexcept {
+  return memory_cut_length(enc, sq, opt.key_lengths.empty() ? sk : opt.key_lengths[b]);
+}
+
+/// Entry b of a (batch, ...) view as a batch-1 view.
+template <class V>
+V entry_of(V x, index_t b) noexcept {
+  if (x.data) x.data += b * x.batch_stride;
+  x.batch = 1;
+  return x;
+}
+
+/// Mask entry b of a mask whose batch is the call's entries (or 1:
+/// broadcast), its key extent cut to the sequence's `keys` (the keys past a
+/// shorter extent stay masked).
+template <class M>
+mask_view<M> mask_entry(mask_view<M> m, index_t b, index_t keys) noexcept {
+  if (m.empty()) return m;
+  m.k = std::min(m.k, keys);
+  if (m.batch == 1) return m;
+  if (m.data) m.data += b * m.batch_stride;
+  m.batch = 1;
+  return m;
+}
+
+/// The 16-bit masks of entry b, cut as mask_entry cuts the float mask.
+inline half_masks entry_masks(half_masks const& m, index_t b, index_t keys) noexcept {
+  return {mask_entry(m.half, b, keys), mask_entry(m.bfloat16, b, keys)};
+}
+
+/// The options of batch entry b of a call of Sq queries over Sk keys, alone
+/// (batch 1): its key length, positions, masks and lse rows (lse: Hq x Sq per entry).
+template <class T>
+attention_options<T> entry_options(attention_options<T> const& opt, index_t b, index_t hq, index_t sq, index_t sk) {
+  attention_options<T> o = opt;
+  if (!opt.key_lengths.empty()) o.key_lengths = span<const index_t>(opt.key_lengths.data() + b, 1);
+  if (opt.q_positions) o.q_positions = opt.q_positions->entry(b);
+  if (opt.k_positions) o.k_positions = opt.k_positions->entry(b);
+  o.mask = mask_entry(opt.mask, b, sk);
+  o.bool_mask = mask_entry(opt.bool_mask, b, sk);
+  if (opt.lse) o.lse = output_span<T>(opt.lse.data() + b * hq * sq, hq * sq);
+  return o;
+}
+
 /// Throws unless every query-key pair that can be visible (not padding; with
 /// causal, p_j <= p_i and within the window) is at most `limit` apart:
 /// a bound from the smallest and largest positions of each batch entry.
-/// `cut`: the first keys the call drops before attention (a segment memory
-/// longer than the encoder's memory_length()); the others keep their
-/// positions and the queries theirs, so only the kept keys are checked.
+/// `memory`: the encoder's memory_length() M (0: none); an entry whose memory
+/// holds more than M keys drops its first ones before attention (its
+/// entry_memory_cut); the others keep their positions and the queries
+/// theirs, so only the kept keys are checked.
 template <class T, class Q, class KV>
 void check_distances(char const* w, index_t limit, view<const Q> q, view<const KV> k,
-                     attention_options<T> const& opt, index_t cut = 0) {
+                     attention_options<T> const& opt, index_t memory = 0) {
   index_t const B = q.batch, Sq = q.seq, Sk = k.seq;
   bool const restricted = opt.causal || opt.sliding_window > 0;
   for (index_t b = 0; b < B; ++b) {
     index_t const L = opt.key_lengths.empty() ? Sk : opt.key_lengths[b];
+    index_t const cut = memory > 0 && L - Sq > memory ? L - Sq - memory : 0;
     if (L <= cut || Sq == 0) continue;
     index_t kmin = std::numeric_limits<index_t>::max(), kmax = std::numeric_limits<index_t>::min();
     for (index_t j = cut; j < L; ++j) {
@@ -555,7 +616,9 @@ void validate(view<const Q> q, view<const KV> k, view<const KV> v, view<O> out, 
     require(eh == q.heads, w, "encoder heads() is ", eh, ", expected ", q.heads, " (q.heads)");
   }
   if constexpr (has_memory_length<E>::value) {
-    require(Sq <= Sk, w, "q.seq is ", Sq, ", expected <= ", Sk,
+    // With default query positions the queries are the last Sq keys' tokens; given
+    // positions place them anywhere (ring attention's blocks).
+    require(Sq <= Sk || opt.q_positions, w, "q.seq is ", Sq, ", expected <= ", Sk,
             " (k.seq: the keys are the segment memory followed by the queries' own segment)");
   }
   if constexpr (uses_positions) {
@@ -586,7 +649,7 @@ void validate(view<const Q> q, view<const KV> k, view<const KV> v, view<O> out, 
   }
   // Distances of the keys attended: after the memory cut, as the cut call has them.
   if constexpr (has_distance_limit<E>::value)
-    check_distances(w, enc.distance_limit(), q, k, opt, memory_cut_length(enc, Sq, Sk));
+    check_distances(w, enc.distance_limit(), q, k, opt, memory_length_of(enc));
 
   // Aliasing: every path reads q, k, v and the masks while it writes out, lse
   // and scores, so no output may share a byte with an input or another output.

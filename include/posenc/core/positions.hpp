@@ -52,6 +52,12 @@ class position_span {
     if (firsts_) return firsts_[b] + s;
     return first_ + s;
   }
+  /// The positions of batch entry b alone, as a span of batch 1.
+  position_span entry(index_t b) const noexcept {
+    if (ids_) return ids(ids_ + (ids_batch_ == 1 ? 0 : b) * ids_seq_, 1, ids_seq_);
+    if (firsts_) return position_span(firsts_[b]);
+    return *this;
+  }
   bool is_explicit() const noexcept { return ids_ != nullptr; }
   bool is_per_batch() const noexcept { return firsts_ != nullptr; }
 

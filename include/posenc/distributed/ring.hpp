@@ -370,6 +370,10 @@ void agree_and_prepare(char const* w, MPI_Comm comm, int r, view<const T> q, vie
   descriptor mine;
   try {
     check_local(w, q, k, opt);
+    if constexpr (posenc::detail::has_memory_length<E>::value)
+      require(enc.memory_length() == 0, w, "the encoder's memory_length() is ", enc.memory_length(),
+              ", expected 0 (ring attention is self-attention over the sharded sequence: there is no segment "
+              "memory before the queries to cut)");
     mine = describe<T, E>(q, k, v, opt);
   } catch (error const& e) {
     mine.set_error(e.what());

@@ -145,6 +145,10 @@ ring_stats ring_attention_backward(MPI_Comm comm, view<const posenc::detail::ide
   static_assert(!encoder_traits<E>::adds_to_embeddings,
                 "posenc::ring_attention_backward: this encoder adds to embeddings; call its add_to_backward() "
                 "with the gradient of the embeddings");
+  static_assert(!posenc::detail::has_any_content_bias<E>::value,
+                "posenc::ring_attention_backward: the encoder shifts queries by a content bias (transformer_xl), "
+                "which the fused backward the ring runs does not handle; its forward ring_attention works, its "
+                "backward only single-process (attention_backward<path::reference>)");
   using traits = encoder_traits<E>;
   char const* const w = "posenc::ring_attention_backward";
   auto const t_start = detail::clock::now();

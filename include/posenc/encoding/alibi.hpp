@@ -235,29 +235,16 @@ class alibi {
   /// k - q, key_only k, shifted k - (L - 1), symmetric -|k - q|). Empty
   /// (0 x 0) only when asked for (make_gradients(false): fixed slopes,
   /// nothing computed).
-  struct gradients {
+  struct gradient_tensors {
     gradient_tensor<T> slopes;
-    void set_zero() { slopes.setZero(); }
-    /// Throws unless o.slopes has this shape (both (0 x 0) when the slopes are fixed).
-    void check_same_shape(char const* where, gradients const& o) const {
-      detail::check_same_gradient_shape(where, "slopes", slopes, o.slopes);
-    }
-    /// Adds o elementwise (throws first when the shapes differ).
-    gradients& operator+=(gradients const& o) {
-      check_same_shape("posenc::alibi::gradients::operator+=", o);
-      slopes += o.slopes;
-      return *this;
-    }
-    /// f("slopes", slopes) (see encoder_traits).
-    template <class F>
-    void for_each_tensor(F&& f) {
-      f("slopes", slopes);
-    }
-    template <class F>
-    void for_each_tensor(F&& f) const {
-      f("slopes", slopes);
+    static constexpr char const* add_where = "posenc::alibi::gradients::operator+=";
+    /// f("slopes", g.slopes...) (see gradient_set).
+    template <class F, class... G>
+    static void each(F&& f, G&... g) {
+      f("slopes", g.slopes...);
     }
   };
+  using gradients = gradient_set<gradient_tensors>;
   /// Zeros of shape (heads(), 1); (0 x 0) when `learn_slopes` is false (fixed
   /// slopes, as in the paper: the backward then skips their sums).
   gradients make_gradients(bool learn_slopes = true) const {

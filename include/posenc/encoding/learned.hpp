@@ -260,29 +260,16 @@ class learned {
   /// padding, as OPT's row 1 at position -1, gets its gradient), except the
   /// padding row (`with_padding_row`), which gets none, as in PyTorch's
   /// nn.Embedding(padding_idx).
-  struct gradients {
+  struct gradient_tensors {
     gradient_tensor<compute_type> table;
-    void set_zero() { table.setZero(); }
-    /// Throws unless o.table has this table's shape.
-    void check_same_shape(char const* where, gradients const& o) const {
-      detail::check_same_gradient_shape(where, "table", table, o.table);
-    }
-    /// Adds o elementwise (throws first when the shapes differ).
-    gradients& operator+=(gradients const& o) {
-      check_same_shape("posenc::learned::gradients::operator+=", o);
-      table += o.table;
-      return *this;
-    }
-    /// f("table", table) (see encoder_traits).
-    template <class F>
-    void for_each_tensor(F&& f) {
-      f("table", table);
-    }
-    template <class F>
-    void for_each_tensor(F&& f) const {
-      f("table", table);
+    static constexpr char const* add_where = "posenc::learned::gradients::operator+=";
+    /// f("table", g.table...) (see gradient_set).
+    template <class F, class... G>
+    static void each(F&& f, G&... g) {
+      f("table", g.table...);
     }
   };
+  using gradients = gradient_set<gradient_tensors>;
   /// Zeros of shape (rows(), d_model()).
   gradients make_gradients() const { return {gradient_tensor<compute_type>::Zero(rows_, d_)}; }
   /// Throws unless g.table is (rows(), d_model()).

@@ -264,36 +264,17 @@ class shaw {
   /// Gradients of aK and aV per relative distance, shaped like the tables the
   /// constructor takes: `key` (2K + 1, head_dim); `value` the same, or empty
   /// (0 x 0) when the encoder has no value embeddings.
-  struct gradients {
+  struct gradient_tensors {
     gradient_tensor<compute_type> key, value;
-    void set_zero() {
-      key.setZero();
-      value.setZero();
-    }
-    /// Throws unless o's tables have these tables' shapes.
-    void check_same_shape(char const* where, gradients const& o) const {
-      detail::check_same_gradient_shape(where, "key", key, o.key);
-      detail::check_same_gradient_shape(where, "value", value, o.value);
-    }
-    /// Adds o elementwise (throws first when the shapes differ).
-    gradients& operator+=(gradients const& o) {
-      check_same_shape("posenc::shaw::gradients::operator+=", o);
-      key += o.key;
-      value += o.value;
-      return *this;
-    }
-    /// f("key", key), then f("value", value), also when value is empty (see encoder_traits).
-    template <class F>
-    void for_each_tensor(F&& f) {
-      f("key", key);
-      f("value", value);
-    }
-    template <class F>
-    void for_each_tensor(F&& f) const {
-      f("key", key);
-      f("value", value);
+    static constexpr char const* add_where = "posenc::shaw::gradients::operator+=";
+    /// f("key", ...), then f("value", ...), also when value is empty (see gradient_set).
+    template <class F, class... G>
+    static void each(F&& f, G&... g) {
+      f("key", g.key...);
+      f("value", g.value...);
     }
   };
+  using gradients = gradient_set<gradient_tensors>;
   /// Zeros of the tables' shapes.
   gradients make_gradients() const {
     index_t const rows = 2 * k_ + 1;

@@ -229,29 +229,16 @@ class t5_bias {
 
   /// Gradient of the table: `table(bucket, head)`, shaped like the table the
   /// constructor takes, (num_buckets, heads).
-  struct gradients {
+  struct gradient_tensors {
     gradient_tensor<compute_type> table;
-    void set_zero() { table.setZero(); }
-    /// Throws unless o.table has this table's shape.
-    void check_same_shape(char const* where, gradients const& o) const {
-      detail::check_same_gradient_shape(where, "table", table, o.table);
-    }
-    /// Adds o elementwise (throws first when the shapes differ).
-    gradients& operator+=(gradients const& o) {
-      check_same_shape("posenc::t5_bias::gradients::operator+=", o);
-      table += o.table;
-      return *this;
-    }
-    /// f("table", table) (see encoder_traits).
-    template <class F>
-    void for_each_tensor(F&& f) {
-      f("table", table);
-    }
-    template <class F>
-    void for_each_tensor(F&& f) const {
-      f("table", table);
+    static constexpr char const* add_where = "posenc::t5_bias::gradients::operator+=";
+    /// f("table", g.table...) (see gradient_set).
+    template <class F, class... G>
+    static void each(F&& f, G&... g) {
+      f("table", g.table...);
     }
   };
+  using gradients = gradient_set<gradient_tensors>;
   /// Zeros of shape (num_buckets, heads).
   gradients make_gradients() const { return {gradient_table::Zero(p_.num_buckets, p_.heads)}; }
   /// Throws unless g.table is (num_buckets, heads).

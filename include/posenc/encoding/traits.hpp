@@ -124,7 +124,8 @@ namespace posenc {
 /// can gather the gradients of several calls. A G with tensors also has
 /// `void check_same_shape(char const* where, G const& other) const` (throws
 /// posenc::error naming the first tensor whose shape differs); its
-/// operator+= calls it before adding anything.
+/// operator+= calls it before adding anything. gradient_set (below) gives
+/// these members from one list of the tensors; the library's encoders use it.
 ///
 /// Every tensor of a G is a `gradient_tensor<C>` (C = the encoder's
 /// compute_type, or T): a row-major Eigen matrix of exactly its parameter's
@@ -370,6 +371,45 @@ void check_same_gradient_shape(char const* where, char const* name, A const& min
     require(other.size() == mine.size(), where, "other.", name, " has ", other.size(), " values, expected ",
             mine.size(), " (this one's)");
 }
+
+}  // namespace detail
+
+/// An encoder's parameter gradients built from the list of its tensors, as
+/// encoder_traits asks of them: set_zero, check_same_shape, operator+= and
+/// for_each_tensor. M holds the tensors (gradient_tensor members, so that a
+/// gradient_set<M> is brace-initialised like M) and names them once:
+/// `template <class F, class... G> static void each(F&& f, G&... g)` calls
+/// `f(name, g.tensor...)` for each tensor in order; `M::add_where` names
+/// operator+= in its messages ("posenc::t5_bias::gradients::operator+=").
+template <class M>
+struct gradient_set : M {
+  void set_zero() {
+    M::each([](char const*, auto& t) { t.setZero(); }, *this);
+  }
+  /// Throws unless o's tensors have these tensors' shapes (naming the first that differs).
+  void check_same_shape(char const* where, gradient_set const& o) const {
+    M::each(
+        [&](char const* name, auto const& a, auto const& b) { detail::check_same_gradient_shape(where, name, a, b); },
+        *this, o);
+  }
+  /// Adds o elementwise (throws first when the shapes differ).
+  gradient_set& operator+=(gradient_set const& o) {
+    check_same_shape(M::add_where, o);
+    M::each([](char const*, auto& a, auto const& b) { a += b; }, *this, o);
+    return *this;
+  }
+  /// f(name, tensor) for each tensor, in M's order (see encoder_traits).
+  template <class F>
+  void for_each_tensor(F&& f) {
+    M::each(f, *this);
+  }
+  template <class F>
+  void for_each_tensor(F&& f) const {
+    M::each(f, *this);
+  }
+};
+
+namespace detail {
 
 template <class G, class = void>
 struct has_check_same_shape : std::false_type {};

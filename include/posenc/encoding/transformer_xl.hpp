@@ -186,41 +186,18 @@ class transformer_xl {
   /// h (2 distance_limit + 1) + d + distance_limit. r_gradient(g) gives it in
   /// the shape of from_distances' r; d(W_R) is linear in it: w_r_gradient(g)
   /// gives it in W_R's shape (for an encoder built from W_R).
-  struct gradients {
+  struct gradient_tensors {
     gradient_tensor<T> u, v, r;
-    void set_zero() {
-      u.setZero();
-      v.setZero();
-      r.setZero();
-    }
-    /// Throws unless o's u, v and r have these shapes.
-    void check_same_shape(char const* where, gradients const& o) const {
-      detail::check_same_gradient_shape(where, "u", u, o.u);
-      detail::check_same_gradient_shape(where, "v", v, o.v);
-      detail::check_same_gradient_shape(where, "r", r, o.r);
-    }
-    /// Adds o elementwise (throws first when the shapes differ).
-    gradients& operator+=(gradients const& o) {
-      check_same_shape("posenc::transformer_xl::gradients::operator+=", o);
-      u += o.u;
-      v += o.v;
-      r += o.r;
-      return *this;
-    }
-    /// f("u", u), f("v", v), then f("r", r) (see encoder_traits).
-    template <class F>
-    void for_each_tensor(F&& f) {
-      f("u", u);
-      f("v", v);
-      f("r", r);
-    }
-    template <class F>
-    void for_each_tensor(F&& f) const {
-      f("u", u);
-      f("v", v);
-      f("r", r);
+    static constexpr char const* add_where = "posenc::transformer_xl::gradients::operator+=";
+    /// f("u", ...), f("v", ...), then f("r", ...) (see gradient_set).
+    template <class F, class... G>
+    static void each(F&& f, G&... g) {
+      f("u", g.u...);
+      f("v", g.v...);
+      f("r", g.r...);
     }
   };
+  using gradients = gradient_set<gradient_tensors>;
   /// Zeros of the gradients' shapes.
   gradients make_gradients() const {
     using G = gradient_tensor<T>;
