@@ -31,7 +31,18 @@ struct config {
   index_t Sq, Sk, Hq, Hkv, D;
   bool causal;
   int threads;
+  bool bhsd = false;  // q, k, v and out laid out (batch, head, seq, dim): rows D apart instead of H x D
 };
+
+/// Rows [first, first + rows) of a (1, S, H, D) tensor at `data`, in c's layout.
+template <class T>
+posenc::view<T> rows_of(T* data, config const& c, index_t S, index_t H, index_t first, index_t rows) {
+  if (!c.bhsd) return posenc::make_bshd(data + first * H * c.D, 1, rows, H, c.D);
+  posenc::view<T> v = posenc::make_bhsd(data, 1, H, S, c.D);
+  v.data += first * c.D;
+  v.seq = rows;
+  return v;
+}
 
 double visible_pairs(config const& c) {
   if (!c.causal) return static_cast<double>(c.Sq) * static_cast<double>(c.Sk);
@@ -113,10 +124,10 @@ void attention_bench(benchmark::State& state, config c, enc_kind kind,
   auto& k = random_floats("attention/k", static_cast<std::size_t>(c.Sk * c.Hkv * c.D), 2);
   auto& v = random_floats("attention/v", static_cast<std::size_t>(c.Sk * c.Hkv * c.D), 3);
   auto& out = posenc_bench::persistent_buffer<float>("attention/out", c.Sq * c.Hq * c.D, 0.0f);
-  auto qv = posenc::make_bshd<const float>(q.data(), 1, c.Sq, c.Hq, c.D);
-  auto kv = posenc::make_bshd<const float>(k.data(), 1, c.Sk, c.Hkv, c.D);
-  auto vv = posenc::make_bshd<const float>(v.data(), 1, c.Sk, c.Hkv, c.D);
-  auto ov = posenc::make_bshd(out.data(), 1, c.Sq, c.Hq, c.D);
+  auto qv = rows_of<const float>(q.data(), c, c.Sq, c.Hq, 0, c.Sq);
+  auto kv = rows_of<const float>(k.data(), c, c.Sk, c.Hkv, 0, c.Sk);
+  auto vv = rows_of<const float>(v.data(), c, c.Sk, c.Hkv, 0, c.Sk);
+  auto ov = rows_of<float>(out.data(), c, c.Sq, c.Hq, 0, c.Sq);
   posenc::attention_options<float> opt;
   opt.causal = c.causal;
   opt.threads = c.threads;
@@ -154,8 +165,8 @@ void attention_bench(benchmark::State& state, config c, enc_kind kind,
   // same keys as in the full call.)
   {
     index_t const rows = std::min<index_t>(c.Sq, 16), first = c.Sq - rows;
-    call(posenc::make_bshd<const float>(q.data() + first * c.Hq * c.D, 1, rows, c.Hq, c.D),
-         posenc::make_bshd(out.data() + first * c.Hq * c.D, 1, rows, c.Hq, c.D));
+    call(rows_of<const float>(q.data(), c, c.Sq, c.Hq, first, rows),
+         rows_of<float>(out.data(), c, c.Sq, c.Hq, first, rows));
   }
   double attn_s = 0, read_s = 0;
   for (auto _ : state) {
@@ -413,6 +424,10 @@ int main(int argc, char** argv) {
   }
   // Two threads.
   for (bool causal : {false, true}) add<fused>("fused", {4096, 4096, 8, 8, 128, causal, 2});
+  // The layout: (batch, head, seq, dim) buffers, whose K and V rows are D apart instead of H x D
+  // (docs/performance.md, "Float prefill: where the time goes").
+  for (bool causal : {false, true})
+    add<fused>("fused", {4096, 4096, 8, 8, 128, causal, 1, true}, enc_kind::none, "bhsd");
   // Grouped-query attention: 32 query heads over 8 kv heads, against H = 8 above.
   add<fused>("fused", {1024, 1024, 32, 8, 128, false, 1});
   add<fused>("fused", {1024, 1024, 32, 8, 128, true, 1});

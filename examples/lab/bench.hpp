@@ -37,6 +37,8 @@ inline std::string config_json(config const& c) {
     << q("heads") << ":" << c.heads << "," << q("head_dim") << ":" << c.head_dim() << "," << q("mlp_hidden") << ":"
     << c.mlp * c.d_model << "," << q("seq") << ":" << c.seq << "," << q("batch") << ":" << c.batch << ","
     << q("encoding") << ":" << q(uniform ? encoding_name(e) : encoding_name(c.lower) + "/" + encoding_name(c.upper)) << ","
+    << q("embedding") << ":" << q(embedding_setup_name(c.embedding)) << "," << q("token_scale") << ":"
+    << (c.embedding == embedding_setup::sqrt_d ? std::sqrt(static_cast<double>(c.d_model)) : 1.0) << ","
     << q("rope_layout") << ":" << q("half_split") << "," << q("rope_base") << ":" << 10000.0 << ","
     << q("alibi_slopes") << ":[";
   auto slopes = posenc::alibi_slopes(c.heads);

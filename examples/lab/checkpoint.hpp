@@ -4,15 +4,16 @@
 // Layout (little-endian, no padding):
 //   offset  size  field
 //   0       8     magic "PNCLAB\r\n" (the \r\n catches text-mode mangling)
-//   8       4     u32 format version (1)
+//   8       4     u32 format version (2)
 //   12      4     u32 bytes per parameter (4: float, 8: double)
-//   16      44    11 x i32: layers, d_model, heads, seq, batch, mlp, split,
-//                 lower absolute, lower attention, upper absolute, upper attention (config.hpp enums)
-//   60      8     u64 seed
-//   68      8     u64 training steps done
-//   76      8     u64 parameter count n (must equal what the config implies)
-//   84      n*b   parameters in the model's layout order (model.hpp build_layout)
-//   84+n*b  8     u64 FNV-1a hash of the parameter bytes
+//   16      48    12 x i32: layers, d_model, heads, seq, batch, mlp, split,
+//                 lower absolute, lower attention, upper absolute, upper attention,
+//                 embedding setup (config.hpp enums)
+//   64      8     u64 seed
+//   72      8     u64 training steps done
+//   80      8     u64 parameter count n (must equal what the config implies)
+//   88      n*b   parameters in the model's layout order (model.hpp build_layout)
+//   88+n*b  8     u64 FNV-1a hash of the parameter bytes
 // Anything else (a foreign file, another version, a truncated file, a changed byte) is
 // rejected with a std::runtime_error saying which.
 #pragma once
@@ -28,7 +29,7 @@
 namespace lab {
 
 inline constexpr char checkpoint_magic[8] = {'P', 'N', 'C', 'L', 'A', 'B', '\r', '\n'};
-inline constexpr std::uint32_t checkpoint_version = 1;
+inline constexpr std::uint32_t checkpoint_version = 2;
 
 namespace detail {
 inline std::uint64_t fnv1a(void const* p, std::size_t n) {
@@ -61,7 +62,8 @@ void save_checkpoint(std::string const& path, model<T> const& m, std::uint64_t s
   detail::put(f, checkpoint_version);
   detail::put(f, static_cast<std::uint32_t>(sizeof(T)));
   for (int v : {c.layers, c.d_model, c.heads, c.seq, c.batch, c.mlp, c.split, static_cast<int>(c.lower.absolute),
-                static_cast<int>(c.lower.attention), static_cast<int>(c.upper.absolute), static_cast<int>(c.upper.attention)})
+                static_cast<int>(c.lower.attention), static_cast<int>(c.upper.absolute), static_cast<int>(c.upper.attention),
+                static_cast<int>(c.embedding)})
     detail::put(f, static_cast<std::int32_t>(v));
   detail::put(f, static_cast<std::uint64_t>(c.seed));
   detail::put(f, steps);
@@ -92,7 +94,7 @@ loaded<T> load_checkpoint(std::string const& path) {
     detail::fail(path, "format version is " + std::to_string(version) + ", expected " + std::to_string(checkpoint_version));
   auto bytes = detail::get<std::uint32_t>(f, path, "bytes per parameter");
   if (bytes != sizeof(T)) detail::fail(path, "bytes per parameter is " + std::to_string(bytes) + ", expected " + std::to_string(sizeof(T)));
-  std::int32_t v[11];
+  std::int32_t v[12];
   for (auto& x : v) x = detail::get<std::int32_t>(f, path, "config");
   config c;
   c.layers = v[0], c.d_model = v[1], c.heads = v[2], c.seq = v[3], c.batch = v[4], c.mlp = v[5], c.split = v[6];
@@ -100,6 +102,9 @@ loaded<T> load_checkpoint(std::string const& path) {
     if (v[i] < 0 || v[i] > 6) detail::fail(path, "encoding field " + std::to_string(i - 7) + " is " + std::to_string(v[i]) + ", expected 0 .. 6");
   c.lower = {static_cast<absolute_kind>(v[7]), static_cast<attention_kind>(v[8])};
   c.upper = {static_cast<absolute_kind>(v[9]), static_cast<attention_kind>(v[10])};
+  if (v[11] < 0 || v[11] >= static_cast<int>(embedding_setup_names().size()))
+    detail::fail(path, "embedding setup is " + std::to_string(v[11]) + ", expected 0 .. " + std::to_string(embedding_setup_names().size() - 1));
+  c.embedding = static_cast<embedding_setup>(v[11]);
   c.seed = detail::get<std::uint64_t>(f, path, "seed");
   auto steps = detail::get<std::uint64_t>(f, path, "steps");
   auto n = detail::get<std::uint64_t>(f, path, "parameter count");

@@ -16,6 +16,38 @@ enum class attention_kind { none, rope, alibi, t5, clipped, shaw, rope_alibi };
 /// How RoPE is evaluated past the training length.
 enum class rope_eval { plain, linear, dynamic_ntk, yarn };
 
+/// How token embeddings and absolute encodings are combined at the input (docs/experiments.md):
+///   sqrt_d   tokens drawn N(0, 1/sqrt(d_model)) and multiplied by sqrt(d_model) before the
+///            position is added, as in the original Transformer; a learned table starts at
+///            N(0, 1/sqrt(d_model)). The canonical setup and the default.
+///   unscaled tokens and a learned table drawn N(0, 0.02), added as they are (the lab's earlier setup).
+///   bert     as unscaled, drawn from BERT's initializer: N(0, 0.02) truncated at two standard deviations.
+///   matched  as unscaled, with every fixed position signal scaled so that its mean row norm over
+///            the training length equals a token embedding's expected norm, 0.02 sqrt(d_model).
+enum class embedding_setup { sqrt_d, unscaled, bert, matched };
+
+/// The setups by name, in the order of the enum.
+inline std::vector<std::string> const& embedding_setup_names() {
+  static std::vector<std::string> const names = {"sqrt_d", "unscaled", "bert", "matched"};
+  return names;
+}
+
+/// The setup called `name`; throws std::invalid_argument listing the names otherwise.
+inline embedding_setup parse_embedding_setup(std::string const& name) {
+  auto const& names = embedding_setup_names();
+  std::string all;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    if (names[i] == name) return static_cast<embedding_setup>(i);
+    all += (all.empty() ? "" : ", ") + names[i];
+  }
+  throw std::invalid_argument("lab: --embedding is \"" + name + "\", expected one of " + all);
+}
+
+/// The name of setup e.
+inline std::string const& embedding_setup_name(embedding_setup e) {
+  return embedding_setup_names()[static_cast<std::size_t>(e)];
+}
+
 /// One layer's encoding: where it acts in the residual stream and in attention.
 struct encoding {
   absolute_kind absolute = absolute_kind::none;
@@ -62,6 +94,7 @@ struct config {
   int mlp = 4;  ///< MLP width = mlp * d_model
   int split = 2;
   encoding lower{}, upper{};
+  embedding_setup embedding = embedding_setup::sqrt_d;
   std::uint64_t seed = 1;
   double lr = 3e-3, beta1 = 0.9, beta2 = 0.99, eps = 1e-8, clip = 1.0;
   int warmup = 20;

@@ -5,6 +5,7 @@
 #include "model.hpp"
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
@@ -23,35 +24,71 @@ struct corpus {
   std::string train, validation, test;
 };
 
+namespace detail {
+/// Splits `text` at its "%" record separators into c, counting records from `record`: record i
+/// goes to validation when i % 10 == 8, to test when i % 10 == 9, else to train.
+inline void split_records(corpus& c, std::string const& text, std::size_t& record) {
+  c.total_bytes += text.size();
+  std::istringstream lines(text);
+  std::string line, rec;
+  auto flush = [&] {
+    std::string& part = record % 10 == 8 ? c.validation : record % 10 == 9 ? c.test : c.train;
+    part += rec;
+    rec.clear();
+    ++record;
+  };
+  while (std::getline(lines, line)) {
+    if (line == "%") flush();
+    else rec += line + "\n";
+  }
+  if (!rec.empty()) flush();
+}
+
+inline std::string read_file(std::string const& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return {};
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+}  // namespace detail
+
 /// Reads the files fortunes, literature and riddles of `dir` (in that order) and splits them
-/// at their "%" record separators: record i goes to validation when i % 10 == 8, to test when
-/// i % 10 == 9, else to train. Throws std::runtime_error naming the missing file and the fix.
+/// by record (detail::split_records). Throws std::runtime_error naming the missing file and the fix.
 inline corpus load_corpus(std::string const& dir = default_corpus_dir()) {
   corpus c;
   c.source = dir + "/{fortunes,literature,riddles}";
   std::size_t record = 0;
   for (char const* name : {"fortunes", "literature", "riddles"}) {
-    std::ifstream f(dir + "/" + name, std::ios::binary);
-    if (!f)
+    if (!std::ifstream(dir + "/" + name, std::ios::binary))
       throw std::runtime_error("lab::load_corpus: cannot read " + dir + "/" + name +
                                "; install the corpus with scripts/deps.sh (Debian package fortunes-min)");
-    std::stringstream ss;
-    ss << f.rdbuf();
-    std::string text = ss.str(), line, rec;
-    c.total_bytes += text.size();
-    std::istringstream lines(text);
-    auto flush = [&] {
-      std::string& part = record % 10 == 8 ? c.validation : record % 10 == 9 ? c.test : c.train;
-      part += rec;
-      rec.clear();
-      ++record;
-    };
-    while (std::getline(lines, line)) {
-      if (line == "%") flush();
-      else rec += line + "\n";
-    }
-    if (!rec.empty()) flush();
+    detail::split_records(c, detail::read_file(dir + "/" + name), record);
   }
+  return c;
+}
+
+/// The study's corpus must hold at least this many bytes.
+inline constexpr std::size_t study_corpus_minimum = 1500000;
+
+/// Every fortune file of `dir` (Debian packages fortunes-min and fortunes: the regular files
+/// without an extension, in name order), split by record. Throws std::runtime_error when they
+/// hold fewer than study_corpus_minimum bytes, naming the count and the command that installs
+/// the full set.
+inline corpus load_study_corpus(std::string const& dir = default_corpus_dir()) {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (auto const& e : std::filesystem::directory_iterator(dir, ec))
+    if (e.is_regular_file() && !e.is_symlink() && !e.path().has_extension()) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  corpus c;
+  c.source = dir + " (" + std::to_string(names.size()) + " files)";
+  std::size_t record = 0;
+  for (auto const& n : names) detail::split_records(c, detail::read_file(dir + "/" + n), record);
+  if (c.total_bytes < study_corpus_minimum)
+    throw std::runtime_error("lab::load_study_corpus: " + dir + " holds " + std::to_string(c.total_bytes) +
+                             " bytes of fortunes, expected at least " + std::to_string(study_corpus_minimum) +
+                             "; install the full set with: sudo apt-get install fortunes");
   return c;
 }
 

@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: MIT
 // A small decoder-only byte language model: forward, backward, and the encodings of each layer.
 //
-//   tokens (batch, seq) bytes -> embedding E (256, d)
-//   each layer l:  x += PE_l (absolute encodings, at the first layer of a run using one)
+//   tokens (batch, seq) bytes -> x = s_tok E[token] (E: (256, d); s_tok = sqrt(d) in the
+//                                   sqrt_d setup, else 1; config.hpp embedding_setup)
+//   each layer l:  x += s_pos PE_l (absolute encodings, at the first layer of a run using one;
+//                                   s_pos = 1 except for fixed signals in the matched setup)
 //                  x += Wo attention(LN1(x) Wq, LN1(x) Wk, LN1(x) Wv; encoder of layer l, causal)
 //                  x += W2 gelu(LN2(x) W1 + b1) + b2
 //   logits = LNf(x) E^T   (output tied to the embedding), mean cross-entropy over every position.
@@ -17,6 +19,7 @@
 
 #include <posenc/posenc.hpp>
 
+#include <cmath>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -52,6 +55,7 @@ class model {
     params_.assign(layout_.size(), T(0));
     grads_.assign(layout_.size(), T(0));
     initialize();
+    set_position_scales();
   }
 
   config const& cfg() const { return cfg_; }
@@ -74,6 +78,21 @@ class model {
     forward_state st;
     return forward(b, m, st, false, row_loss);
   }
+
+  /// The residual stream entering layer 0 ((batch * seq, d_model) rows): the scaled token
+  /// embeddings plus layer 0's absolute encoding, when it has one.
+  matrix<T> input_stream(batch_tokens const& b, eval_mode const& m = {}) {
+    matrix<T> x = embed_tokens(b);
+    if (adds_here(0)) add_absolute(0, x, b.batch, b.seq, m);
+    return x;
+  }
+
+  /// The factor the token embeddings are multiplied by: sqrt(d_model) in the sqrt_d setup, else 1.
+  T token_scale() const {
+    return cfg_.embedding == embedding_setup::sqrt_d ? static_cast<T>(std::sqrt(static_cast<double>(cfg_.d_model))) : T(1);
+  }
+  /// The factor layer l's absolute encoding is multiplied by (1 except in the matched setup).
+  double position_scale(int l) const { return position_scale_[static_cast<std::size_t>(l)]; }
 
   /// Attention probabilities of layer l, (batch, heads, seq, seq), for pictures.
   std::vector<T> attention_map(batch_tokens const& b, int layer, eval_mode const& m = {}) {
@@ -127,19 +146,45 @@ class model {
     }
   }
 
-  /// Normal(0, 0.02) for tables and the embedding, 1/sqrt(fan_in) for projections (the
-  /// residual outputs Wo, W2 also / sqrt(2 layers)), ones for gains, zeros for biases.
+  /// Normal(0, 0.02) for the relative tables, 1/sqrt(fan_in) for projections (the residual
+  /// outputs Wo, W2 also / sqrt(2 layers)), ones for gains, zeros for biases. The token
+  /// embedding and a learned table follow the embedding setup: N(0, 1/sqrt(d_model)) for
+  /// sqrt_d, N(0, 0.02) otherwise, truncated at two standard deviations for bert.
   void initialize() {
     normal_source rng(cfg_.seed);
+    bool const sqrt_d = cfg_.embedding == embedding_setup::sqrt_d, bert = cfg_.embedding == embedding_setup::bert;
     for (auto const& b : layout_.blocks()) {
       auto w = as_matrix(params_, b);
       bool gain = b.name.find("gain") != std::string::npos, bias = b.name.find("bias") != std::string::npos ||
                                                                    b.name.find(".b") != std::string::npos;
+      bool token_or_table = b.name == "embedding" || b.name.find(".learned") != std::string::npos;
       double sd = b.name.find(".w") != std::string::npos ? 1.0 / std::sqrt(static_cast<double>(b.rows)) : 0.02;
       if (b.name.find(".wo") != std::string::npos || b.name.find(".w2") != std::string::npos)
         sd /= std::sqrt(2.0 * cfg_.layers);
-      for (Eigen::Index i = 0; i < w.size(); ++i)
-        w.data()[i] = gain ? T(1) : bias ? T(0) : static_cast<T>(sd * rng());
+      if (token_or_table && sqrt_d) sd = 1.0 / std::sqrt(static_cast<double>(cfg_.d_model));
+      bool const truncate = token_or_table && bert;
+      for (Eigen::Index i = 0; i < w.size(); ++i) {
+        double z = gain || bias ? 0.0 : rng();
+        while (truncate && std::abs(z) > 2.0) z = rng();
+        w.data()[i] = gain ? T(1) : bias ? T(0) : static_cast<T>(sd * z);
+      }
+    }
+  }
+
+  /// In the matched setup, each fixed position signal gets the factor that makes its mean row
+  /// norm over positions 0 .. seq - 1 equal 0.02 sqrt(d_model), the root-mean-square norm of a
+  /// token embedding at initialization. Learned tables, zero vectors and the other setups: 1.
+  void set_position_scales() {
+    position_scale_.assign(static_cast<std::size_t>(cfg_.layers), 1.0);
+    if (cfg_.embedding != embedding_setup::matched) return;
+    int const S = cfg_.seq, d = cfg_.d_model;
+    for (int l = 0; l < cfg_.layers; ++l) {
+      if (!adds_here(l) || cfg_.layer_encoding(l).absolute == absolute_kind::learned) continue;
+      matrix<T> p = matrix<T>::Zero(S, d);
+      with_absolute(l, S, eval_mode{}, [&](auto const& enc) { enc.add_to(posenc::make_bsd(p.data(), 1, S, d), posenc::position_span(0)); });
+      double mean_norm = 0;
+      for (int s = 0; s < S; ++s) mean_norm += static_cast<double>(p.row(s).norm()) / S;
+      if (mean_norm > 0) position_scale_[static_cast<std::size_t>(l)] = 0.02 * std::sqrt(static_cast<double>(d)) / mean_norm;
     }
   }
 
@@ -173,6 +218,25 @@ class model {
       }
       case absolute_kind::none: return;
     }
+  }
+
+  /// x += position_scale(l) * (layer l's absolute encoding at positions 0 .. S - 1).
+  void add_absolute(int l, matrix<T>& x, int B, int S, eval_mode const& m) {
+    double const scale = position_scale(l);
+    with_absolute(l, S, m, [&](auto const& enc) {
+      if (scale == 1.0) return enc.add_to(posenc::make_bsd(x.data(), B, S, cfg_.d_model), posenc::position_span(0));
+      matrix<T> p = matrix<T>::Zero(B * S, cfg_.d_model);
+      enc.add_to(posenc::make_bsd(p.data(), B, S, cfg_.d_model), posenc::position_span(0));
+      x += static_cast<T>(scale) * p;
+    });
+  }
+
+  /// token_scale() * E[token] for every token of the batch, (batch * seq, d_model).
+  matrix<T> embed_tokens(batch_tokens const& bt) {
+    matrix<T> x(bt.batch * bt.seq, cfg_.d_model);
+    T const s = token_scale();
+    for (int i = 0; i < bt.batch * bt.seq; ++i) x.row(i) = s * w(embedding_).row(bt.inputs[static_cast<std::size_t>(i)]);
+    return x;
   }
 
   posenc::rope<T> make_rope(int s, eval_mode const& m) const {
@@ -236,8 +300,7 @@ class model {
 
   double forward(batch_tokens const& bt, eval_mode const& m, forward_state& st, bool keep, std::vector<double>* row_loss) {
     int const B = bt.batch, S = bt.seq;
-    matrix<T> x(B * S, cfg_.d_model);
-    for (int i = 0; i < B * S; ++i) x.row(i) = w(embedding_).row(bt.inputs[static_cast<std::size_t>(i)]);
+    matrix<T> x = embed_tokens(bt);
     st.layers.resize(static_cast<std::size_t>(cfg_.layers));
     for (int l = 0; l < cfg_.layers; ++l) x = layer_forward(l, x, B, S, m, st.layers[static_cast<std::size_t>(l)], st);
     st.xf = layer_norm<T>(x, r(final_gain_), r(final_bias_), st.nf);
@@ -255,7 +318,8 @@ class model {
     matrix<T> dxf = st.dlogits * w(embedding_);
     matrix<T> dx = layer_norm_backward<T>(dxf, r(final_gain_), st.nf, dr(final_gain_), dr(final_bias_));
     for (int l = cfg_.layers - 1; l >= 0; --l) dx = layer_backward(l, dx, B, S, st.layers[static_cast<std::size_t>(l)]);
-    for (int i = 0; i < B * S; ++i) dw(embedding_).row(bt.inputs[static_cast<std::size_t>(i)]) += dx.row(i);
+    T const s = token_scale();
+    for (int i = 0; i < B * S; ++i) dw(embedding_).row(bt.inputs[static_cast<std::size_t>(i)]) += s * dx.row(i);
   }
 
   matrix<T> layer_backward(int l, matrix<T> dx, int B, int S, layer_cache& c);
@@ -264,6 +328,7 @@ class model {
   param_layout layout_;
   param_vector<T> params_, grads_;  // 64-byte aligned: SIMD loop peeling, hence rounding, is the same for every model
   std::vector<layer_blocks> layers_;
+  std::vector<double> position_scale_;  // per layer, set_position_scales()
   int embedding_ = -1, final_gain_ = -1, final_bias_ = -1;
 };
 
@@ -274,8 +339,7 @@ template <class T>
 matrix<T> model<T>::layer_forward(int l, matrix<T> x, int B, int S, eval_mode const& m, layer_cache& c,
                                  forward_state& st) {
   auto const& lb = layers_[static_cast<std::size_t>(l)];
-  if (adds_here(l))
-    with_absolute(l, S, m, [&](auto const& enc) { enc.add_to(posenc::make_bsd(x.data(), B, S, cfg_.d_model), posenc::position_span(0)); });
+  if (adds_here(l)) add_absolute(l, x, B, S, m);
   c.x_in = x;
   c.h1 = layer_norm<T>(x, r(lb.ln1_g), r(lb.ln1_b), c.n1);
   c.q = c.h1 * w(lb.wq);

@@ -62,6 +62,15 @@ inline double peak_memory_mib() {
   return std::nan("");
 }
 
+/// Memory available to new processes in MiB (MemAvailable), NaN when unknown.
+inline double available_memory_mib() {
+  std::ifstream f("/proc/meminfo");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("MemAvailable:", 0) == 0) return std::stod(line.substr(13)) / 1024.0;
+  return std::nan("");
+}
+
 /// Writes text to path (throws std::runtime_error when it cannot).
 inline void write_text(std::string const& path, std::string const& text) {
   std::ofstream f(path);

@@ -162,7 +162,8 @@ class image {
 };
 
 // ---------------------------------------------------------------------------
-// Text: a 5x7 bitmap font (digits, capital letters, a few signs), 6 px per character.
+// Text: a 5x7 bitmap font (digits, capital letters, signs), 6 px per character. A character
+// without a glyph draws as a boxed '?' mark (has_glyph tells which ones have one).
 
 /// Glyph size and the horizontal step from one character to the next, in pixels at scale 1.
 inline constexpr int glyph_w = 5, glyph_h = 7, char_advance = 6;
@@ -223,11 +224,27 @@ inline std::array<std::uint8_t, 7> glyph(char ch) {
     case '>': return rows({0x08, 0x04, 0x02, 0x01, 0x02, 0x04, 0x08});
     case '*': return rows({0, 0x04, 0x15, 0x0E, 0x15, 0x04, 0});
     case '\'': return rows({0x04, 0x04, 0x08, 0, 0, 0, 0});
-    default: return rows({0x0E, 0x11, 0x01, 0x02, 0x04, 0, 0x04});  // '?'
+    case ';': return rows({0, 0x0C, 0x0C, 0, 0x0C, 0x04, 0x08});
+    case '!': return rows({0x04, 0x04, 0x04, 0x04, 0x04, 0, 0x04});
+    case '?': return rows({0x0E, 0x11, 0x01, 0x02, 0x04, 0, 0x04});
+    case '[': return rows({0x0E, 0x08, 0x08, 0x08, 0x08, 0x08, 0x0E});
+    case ']': return rows({0x0E, 0x02, 0x02, 0x02, 0x02, 0x02, 0x0E});
+    case '#': return rows({0x0A, 0x0A, 0x1F, 0x0A, 0x1F, 0x0A, 0x0A});
+    case '"': return rows({0x0A, 0x0A, 0x0A, 0, 0, 0, 0});
+    case '&': return rows({0x0C, 0x12, 0x14, 0x08, 0x15, 0x12, 0x0D});
+    case '~': return rows({0, 0, 0x08, 0x15, 0x02, 0, 0});
+    default: return rows({0x1F, 0x11, 0x15, 0x1D, 0x1B, 0x1F, 0x1B});  // no glyph: a '?' cut out of a box
   }
 }
 
 }  // namespace detail
+
+/// True when `ch` has a glyph of its own (lower case letters draw as upper case).
+inline bool has_glyph(char ch) {
+  if ((ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z')) return true;
+  static std::string const signs = " .,-+:=/()_%^|<>*';!?[]#\"&~";
+  return signs.find(ch) != std::string::npos;
+}
 
 /// Width in pixels of `text` drawn at `scale`.
 inline int text_width(std::string const& text, int scale = 1) {
@@ -395,11 +412,21 @@ struct curve {
   rgb color;
 };
 
+/// A shaded band of a line plot (e.g. the spread over seeds): from lo to hi at each x, drawn
+/// under the curves in `color` lightened to 25%.
+struct band {
+  std::vector<double> x, lo, hi;
+  rgb color;
+};
+
 /// How a line plot is drawn.
 struct plot_style {
   std::string title, axes;
   int width = 480, height = 240;  ///< the plot area in pixels
   bool log_x = false;             ///< log10 x axis (x must be > 0)
+  int legend_width = 0;           ///< > 0: the legend in a column this wide right of the plot area
+  std::vector<double> x_ticks;    ///< labelled x ticks (empty: chosen from the data)
+  std::vector<double> x_marks;    ///< x values marked by a dashed vertical line
 };
 
 /// Fixed margins around the plot area of render_curves.
@@ -409,12 +436,26 @@ struct plot_layout {
 
 /// Size in pixels of the image render_curves draws with style `s`.
 inline std::pair<int, int> plot_size(plot_style const& s) {
-  return {plot_layout::left + s.width + plot_layout::right, plot_layout::top + s.height + plot_layout::bottom};
+  return {plot_layout::left + s.width + plot_layout::right + s.legend_width, plot_layout::top + s.height + plot_layout::bottom};
 }
 
-/// Draws the curves in one frame with ticks on both axes and a legend (top
-/// right). The y axis starts at 0 (or below, for negative data).
-inline image render_curves(std::vector<curve> const& curves, plot_style const& s) {
+/// The legend width that fits the curves' labels (the swatch, a gap and the longest label).
+inline int legend_width_for(std::vector<curve> const& curves) {
+  int w = 0;
+  for (auto const& c : curves) w = std::max(w, text_width(c.label));
+  return w + 24;
+}
+
+/// c mixed with white: t = 0 gives c, t = 1 white.
+inline rgb lighten(rgb c, double t) {
+  auto mix = [t](std::uint8_t v) { return static_cast<std::uint8_t>(std::lround(v + t * (255.0 - v))); };
+  return {mix(c.r), mix(c.g), mix(c.b)};
+}
+
+/// Draws the curves in one frame with ticks on both axes and a legend (top right of the plot
+/// area, or right of it when s.legend_width > 0), over the bands (lightened to 25% of their
+/// color). The y axis starts at 0 (or below, for negative data).
+inline image render_curves(std::vector<curve> const& curves, plot_style const& s, std::vector<band> const& bands = {}) {
   auto [w, h] = plot_size(s);
   image img(w, h);
   rgb const ink = hex(0x202020), grid = hex(0xE4E4E4);
@@ -428,6 +469,14 @@ inline image render_curves(std::vector<curve> const& curves, plot_style const& s
       ylo = std::min(ylo, c.y[i]);
       yhi = std::max(yhi, c.y[i]);
     }
+  for (auto const& b : bands)
+    for (std::size_t i = 0; i < b.x.size() && i < b.lo.size() && i < b.hi.size(); ++i) {
+      if (!std::isfinite(fx(b.x[i])) || !std::isfinite(b.lo[i]) || !std::isfinite(b.hi[i])) continue;
+      xlo = std::min(xlo, fx(b.x[i]));
+      xhi = std::max(xhi, fx(b.x[i]));
+      ylo = std::min(ylo, b.lo[i]);
+      yhi = std::max(yhi, b.hi[i]);
+    }
   if (!(xhi > xlo)) xhi = xlo + 1;
   ylo = std::min(ylo, 0.0);
   if (!(yhi > ylo)) yhi = ylo + 1;
@@ -440,7 +489,10 @@ inline image render_curves(std::vector<curve> const& curves, plot_style const& s
   draw_text(img, 4, 14, s.axes, hex(0x505050));
 
   std::vector<std::pair<double, std::string>> xt;
-  if (s.log_x) {
+  if (!s.x_ticks.empty()) {
+    for (double t : s.x_ticks)
+      if (std::isfinite(fx(t)) && fx(t) >= xlo - 1e-9 && fx(t) <= xhi + 1e-9) xt.push_back({t, tick_label(t)});
+  } else if (s.log_x) {
     for (int e = static_cast<int>(std::ceil(xlo - 1e-9)); e <= xhi + 1e-9; ++e)
       xt.push_back({std::pow(10.0, e), tick_label(std::pow(10.0, e))});
   } else {
@@ -462,6 +514,26 @@ inline image render_curves(std::vector<curve> const& curves, plot_style const& s
   img.line(x0 - 1, y0, x0 - 1, y0 + s.height, ink);
   img.line(x0 - 1, y0 + s.height, x0 + s.width - 1, y0 + s.height, ink);
 
+  // Bands: each pixel column between two points, filled from the interpolated low to high.
+  for (auto const& b : bands) {
+    rgb const fill = lighten(b.color, 0.75);
+    for (std::size_t i = 0; i + 1 < b.x.size() && i + 1 < b.lo.size() && i + 1 < b.hi.size(); ++i) {
+      double const a[4] = {b.lo[i], b.hi[i], b.lo[i + 1], b.hi[i + 1]};
+      if (!std::isfinite(fx(b.x[i])) || !std::isfinite(fx(b.x[i + 1])) || !std::all_of(a, a + 4, [](double v) { return std::isfinite(v); }))
+        continue;
+      int const xa = px(b.x[i]), xb = px(b.x[i + 1]);
+      for (int x = xa; x <= xb; ++x) {
+        double f = xb == xa ? 0.0 : static_cast<double>(x - xa) / (xb - xa);
+        int top = py(a[1] + f * (a[3] - a[1])), bottom = py(a[0] + f * (a[2] - a[0]));
+        img.fill_rect(x, top, 1, bottom - top + 1, fill);
+      }
+    }
+  }
+  for (double m : s.x_marks) {
+    if (!std::isfinite(fx(m)) || fx(m) < xlo || fx(m) > xhi) continue;
+    for (int y = y0; y < y0 + s.height; y += 6) img.line(px(m), y, px(m), std::min(y + 2, y0 + s.height - 1), hex(0x707070));
+  }
+
   for (auto const& c : curves) {
     bool have = false;
     int lx = 0, ly = 0;
@@ -480,7 +552,7 @@ inline image render_curves(std::vector<curve> const& curves, plot_style const& s
   int ly = y0 + 6;
   for (auto const& c : curves) {
     int lw = text_width(c.label);
-    int lx = x0 + s.width - 8 - lw;
+    int lx = s.legend_width > 0 ? x0 + s.width + plot_layout::right + 20 : x0 + s.width - 8 - lw;
     img.fill_rect(lx - 16, ly + 2, 12, 3, c.color);
     draw_text(img, lx, ly, c.label, ink);
     ly += 11;
