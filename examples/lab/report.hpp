@@ -53,23 +53,20 @@ inline bool reset_peak_memory() {
   return static_cast<bool>(f.flush());
 }
 
-/// Peak resident set in MiB since the last reset (VmHWM), NaN when unknown.
-inline double peak_memory_mib() {
-  std::ifstream f("/proc/self/status");
+/// The value of the line starting with `key` in a /proc file of kB values, in MiB; NaN when unknown.
+inline double proc_mib(char const* file, std::string const& key) {
+  std::ifstream f(file);
   std::string line;
   while (std::getline(f, line))
-    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;
+    if (line.rfind(key, 0) == 0) return std::stod(line.substr(key.size())) / 1024.0;
   return std::nan("");
 }
 
+/// Peak resident set in MiB since the last reset (VmHWM), NaN when unknown.
+inline double peak_memory_mib() { return proc_mib("/proc/self/status", "VmHWM:"); }
+
 /// Memory available to new processes in MiB (MemAvailable), NaN when unknown.
-inline double available_memory_mib() {
-  std::ifstream f("/proc/meminfo");
-  std::string line;
-  while (std::getline(f, line))
-    if (line.rfind("MemAvailable:", 0) == 0) return std::stod(line.substr(13)) / 1024.0;
-  return std::nan("");
-}
+inline double available_memory_mib() { return proc_mib("/proc/meminfo", "MemAvailable:"); }
 
 /// Writes text to path (throws std::runtime_error when it cannot).
 inline void write_text(std::string const& path, std::string const& text) {
